@@ -1,0 +1,227 @@
+//! Ingestion benchmark (not a test): `cargo bench --bench ingest -- [EVENTS]`.
+//!
+//! Generates EVENTS order events (default 2,000,000) as NDJSON files with arrival times,
+//! then measures side by side in one run:
+//! - raw decode: arrow-json decoding the same files into RecordBatches (the ceiling);
+//! - kestrel ingestion: discovery, plan, strict decode + validation, dedup, bronze
+//!   Delta commit, quarantine, ledger and run log;
+//! and prints events/s, MB/s, peak memory of each phase, and their ratio. Then it
+//! measures discovery cost against landing-zone size: listing one new file after the
+//! cursor vs a full listing, with 1k and 20k files already landed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use kestrel::config::Config;
+use kestrel::runner::ingest::{IngestOptions, Ingestor};
+use kestrel::source::discover;
+use kestrel::storage::Location;
+
+const EVENTS_PER_FILE: usize = 10_000;
+const T0_US: i64 = 1_763_640_000_000_000;
+
+fn reset_peak() {
+    // Linux: writing 5 resets the peak RSS (VmHWM) of the process.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+fn generate(landing: &Path, events: usize) -> (Vec<PathBuf>, u64) {
+    let dir = landing.join("orders");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files = Vec::new();
+    let mut bytes = 0u64;
+    let mut n = 0usize;
+    let mut f = 0usize;
+    while n < events {
+        let path = dir.join(format!("partition={}/f{f:06}.ndjson", f % 4));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let end = (n + EVENTS_PER_FILE).min(events);
+        for i in n..end {
+            // 0.5% re-deliveries of the previous event id
+            let id = if i % 200 == 199 { i - 1 } else { i };
+            let ts_ms = (T0_US / 1000) - 3_600_000 + (i as i64 * 7) % 3_600_000;
+            writeln!(
+                w,
+                r#"{{"event_id":"evt-{id:012}","event_ts":"{}","order_id":"ord-{:09}","sku":"SKU-{:04}","quantity":{},"amount_cents":{}}}"#,
+                chrono::DateTime::from_timestamp_millis(ts_ms).unwrap().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                id / 3,
+                id % 997,
+                1 + id % 3,
+                199 * (1 + id % 3)
+            )
+            .unwrap();
+        }
+        w.flush().unwrap();
+        drop(w);
+        let ft = filetime::FileTime::from_unix_time(T0_US / 1_000_000 + f as i64, 0);
+        filetime::set_file_mtime(&path, ft).unwrap();
+        bytes += std::fs::metadata(&path).unwrap().len();
+        files.push(path);
+        n = end;
+        f += 1;
+    }
+    (files, bytes)
+}
+
+fn raw_decode(files: &[PathBuf]) -> usize {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("event_id", DataType::Utf8, true),
+        Field::new(
+            "event_ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("order_id", DataType::Utf8, true),
+        Field::new("sku", DataType::Utf8, true),
+        Field::new("quantity", DataType::Int64, true),
+        Field::new("amount_cents", DataType::Int64, true),
+    ]));
+    let mut rows = 0;
+    for f in files {
+        let data = std::fs::read(f).unwrap();
+        let reader = arrow::json::ReaderBuilder::new(schema.clone())
+            .with_batch_size(8192)
+            .build(std::io::Cursor::new(data))
+            .unwrap();
+        for b in reader {
+            rows += b.unwrap().num_rows();
+        }
+    }
+    rows
+}
+
+fn main() {
+    let events: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2_000_000);
+    let tmp = tempfile::tempdir().unwrap();
+    let landing = tmp.path().join("landing");
+    let (files, bytes) = generate(&landing, events);
+    let mb = bytes as f64 / 1e6;
+    println!(
+        "generated {events} events in {} files, {mb:.1} MB of NDJSON",
+        files.len()
+    );
+
+    // raw decode ceiling
+    reset_peak();
+    let t = Instant::now();
+    let rows = raw_decode(&files);
+    let raw_s = t.elapsed().as_secs_f64();
+    let raw_peak = peak_mib();
+    assert_eq!(rows, events);
+    println!(
+        "raw arrow-json decode : {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {raw_peak:.0} MiB",
+        raw_s,
+        events as f64 / raw_s,
+        mb / raw_s
+    );
+
+    // kestrel ingestion, memory bounded by a 64 MB batch
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut cfg = Config::defaults(tmp.path());
+    cfg.landing = landing.display().to_string();
+    cfg.warehouse = tmp.path().join("warehouse").display().to_string();
+    cfg.ingest.max_bytes_per_batch = 64 * 1024 * 1024;
+    cfg.ingest.sources = Some(vec!["orders".into()]);
+    reset_peak();
+    let t = Instant::now();
+    let report = rt
+        .block_on(async {
+            let ing = Ingestor::new(cfg.clone(), IngestOptions::default())?;
+            ing.ingest_source("orders").await
+        })
+        .unwrap();
+    let k_s = t.elapsed().as_secs_f64();
+    let k_peak = peak_mib();
+    println!(
+        "kestrel ingest        : {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {k_peak:.0} MiB  ({} batches of ≤64 MB, {} written, {} duplicates)",
+        k_s,
+        events as f64 / k_s,
+        mb / k_s,
+        report.batches.len(),
+        report.rows_written(),
+        report.duplicates()
+    );
+    println!(
+        "ratio kestrel/raw throughput: {:.2}  (target ≥ 0.50)",
+        raw_s / k_s
+    );
+
+    // discovery cost vs landing size
+    for existing in [1_000usize, 20_000] {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("clicks");
+        for i in 0..existing {
+            let p = src.join(format!(
+                "partition={}/2026-11-{:02}/h{:02}/f{i:06}.ndjson",
+                i % 4,
+                1 + (i / 2000) % 28,
+                (i / 100) % 24
+            ));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, b"{}\n").unwrap();
+        }
+        let loc = Location::open(d.path().to_str().unwrap(), &Default::default(), false).unwrap();
+        let all = rt
+            .block_on(discover::list_source(&loc, "clicks", None))
+            .unwrap();
+        let mut cursors = std::collections::BTreeMap::new();
+        for f in &all {
+            let c = cursors
+                .entry(f.partition.clone())
+                .or_insert_with(String::new);
+            if f.path > *c {
+                *c = f.path.clone();
+            }
+        }
+        let p = src.join("partition=0/2026-11-28/h23/zz-new.ndjson");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"{}\n").unwrap();
+        let reps = 20;
+        let t = Instant::now();
+        for _ in 0..reps {
+            let new = rt
+                .block_on(discover::list_source(&loc, "clicks", Some(&cursors)))
+                .unwrap();
+            assert_eq!(new.len(), 1);
+        }
+        let inc = t.elapsed().as_secs_f64() / reps as f64;
+        let t = Instant::now();
+        for _ in 0..reps {
+            let _ = rt
+                .block_on(discover::list_source(&loc, "clicks", None))
+                .unwrap();
+        }
+        let full = t.elapsed().as_secs_f64() / reps as f64;
+        println!(
+            "discovery with {existing:>6} files landed: incremental {:>8.3} ms, full listing {:>8.3} ms (ratio {:.1}x)",
+            inc * 1e3,
+            full * 1e3,
+            full / inc
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! `kestrel.toml`: where landing and warehouse live, object-store options, ingestion limits.
+//!
+//! Every error names the file, the field and what was expected. Environment overrides:
+//! `KESTREL_LANDING`, `KESTREL_WAREHOUSE`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Default config file name, looked up in the working directory.
+pub const DEFAULT_FILE: &str = "kestrel.toml";
+
+/// Ingestion limits and discovery settings (`[ingest]`).
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// At most this many files in one micro-batch (a run loops over batches).
+    pub max_files_per_batch: usize,
+    /// At most this many landed bytes in one micro-batch: bounds memory by batch, not by landing size.
+    pub max_bytes_per_batch: u64,
+    /// Every Nth batch lists the whole source instead of only names after the cursor
+    /// (catches files whose names sort before already processed ones, and changed files).
+    pub full_scan_every: u64,
+    /// How long an ingestion lease lasts before another process may take it over.
+    pub lease_ttl: Duration,
+    /// Sources to ingest; default: every schema found.
+    pub sources: Option<Vec<String>>,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            max_files_per_batch: 2_000,
+            max_bytes_per_batch: 256 * 1024 * 1024,
+            full_scan_every: 12,
+            lease_ttl: Duration::from_secs(600),
+            sources: None,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (None: built-in defaults).
+    pub file: Option<PathBuf>,
+    /// Landing zone URL or local path.
+    pub landing: String,
+    /// Warehouse URL or local path.
+    pub warehouse: String,
+    /// object_store / delta-rs storage options (`[storage]`), e.g. `aws_endpoint`.
+    pub storage: BTreeMap<String, String>,
+    /// Directory of `<source>.json` schemas; the shipped schemas are built in as a fallback.
+    pub schemas_dir: PathBuf,
+    /// Ingestion settings.
+    pub ingest: IngestConfig,
+}
+
+impl Config {
+    /// Defaults: `./landing`, `./warehouse`, `./schemas`.
+    pub fn defaults(base: &Path) -> Self {
+        Config {
+            file: None,
+            landing: base.join("landing").to_string_lossy().into_owned(),
+            warehouse: base.join("warehouse").to_string_lossy().into_owned(),
+            storage: BTreeMap::new(),
+            schemas_dir: base.join("schemas"),
+            ingest: IngestConfig::default(),
+        }
+    }
+
+    /// Load `path`, or `./kestrel.toml` if it exists, or the defaults; then apply env overrides.
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let mut cfg = match path {
+            Some(p) => Self::from_file(p)?,
+            None => {
+                let p = Path::new(DEFAULT_FILE);
+                if p.exists() {
+                    Self::from_file(p)?
+                } else {
+                    Self::defaults(Path::new("."))
+                }
+            }
+        };
+        if let Ok(v) = std::env::var("KESTREL_LANDING") {
+            if !v.is_empty() {
+                cfg.landing = v;
+            }
+        }
+        if let Ok(v) = std::env::var("KESTREL_WAREHOUSE") {
+            if !v.is_empty() {
+                cfg.warehouse = v;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parse one config file. Relative local paths are relative to the file's directory.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(&file, e))?;
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Self::parse(&text, &file, base)
+    }
+
+    /// Parse config text; `file` is used in error messages, `base` resolves relative paths.
+    pub fn parse(text: &str, file: &str, base: &Path) -> Result<Self> {
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            let field = e
+                .span()
+                .map(|s| format!("at byte {}", s.start))
+                .unwrap_or_else(|| "(syntax)".into());
+            Error::config(file, field, format!("valid TOML ({})", e.message()))
+        })?;
+        let mut cfg = Self::defaults(base);
+        cfg.file = Some(PathBuf::from(file));
+        let fields = ["landing", "warehouse", "schemas", "storage", "ingest"];
+        for (key, value) in &table {
+            match key.as_str() {
+                "landing" => cfg.landing = location(file, key, value, base)?,
+                "warehouse" => cfg.warehouse = location(file, key, value, base)?,
+                "schemas" => {
+                    let s = string(file, key, value, "a directory path")?;
+                    cfg.schemas_dir = base.join(s);
+                }
+                "storage" => {
+                    let t = value.as_table().ok_or_else(|| {
+                        Error::config(file, key, "a table of string options, e.g. [storage]")
+                    })?;
+                    for (k, v) in t {
+                        let s = string(file, &format!("storage.{k}"), v, "a string")?;
+                        cfg.storage.insert(k.clone(), s.to_string());
+                    }
+                }
+                "ingest" => {
+                    let t = value
+                        .as_table()
+                        .ok_or_else(|| Error::config(file, key, "a table [ingest]"))?;
+                    parse_ingest(file, t, &mut cfg.ingest)?;
+                }
+                other => {
+                    return Err(Error::config(
+                        file,
+                        other,
+                        format!("one of the known fields ({})", fields.join(", ")),
+                    ))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Sources to ingest, given the schemas available.
+    pub fn selected_sources(&self, available: &[String]) -> Result<Vec<String>> {
+        match &self.ingest.sources {
+            None => Ok(available.to_vec()),
+            Some(list) => {
+                for s in list {
+                    if !available.contains(s) {
+                        return Err(Error::config(
+                            self.file_name(),
+                            "ingest.sources",
+                            format!(
+                                "names of sources with a schema ({}); `{s}` has none",
+                                available.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                Ok(list.clone())
+            }
+        }
+    }
+
+    /// The config file name for messages.
+    pub fn file_name(&self) -> String {
+        self.file
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "(defaults)".into())
+    }
+}
+
+fn string<'a>(file: &str, field: &str, value: &'a toml::Value, what: &str) -> Result<&'a str> {
+    value
+        .as_str()
+        .ok_or_else(|| Error::config(file, field, format!("{what}, got {}", value.type_str())))
+}
+
+fn location(file: &str, field: &str, value: &toml::Value, base: &Path) -> Result<String> {
+    let s = string(file, field, value, "a local path or an s3:// URL")?;
+    if s.trim().is_empty() {
+        return Err(Error::config(
+            file,
+            field,
+            "a non-empty local path or s3:// URL",
+        ));
+    }
+    if s.contains("://") {
+        let url = url::Url::parse(s)
+            .map_err(|e| Error::config(file, field, format!("a valid URL ({e}), got `{s}`")))?;
+        match url.scheme() {
+            "s3" | "s3a" | "file" => Ok(s.to_string()),
+            other => Err(Error::config(
+                file,
+                field,
+                format!("a local path, file:// or s3:// URL, got scheme `{other}`"),
+            )),
+        }
+    } else {
+        Ok(base.join(s).to_string_lossy().into_owned())
+    }
+}
+
+fn positive(file: &str, field: &str, value: &toml::Value) -> Result<u64> {
+    match value.as_integer() {
+        Some(i) if i > 0 => Ok(i as u64),
+        _ => Err(Error::config(
+            file,
+            field,
+            format!("a positive integer, got {value}"),
+        )),
+    }
+}
+
+fn parse_ingest(file: &str, t: &toml::Table, ingest: &mut IngestConfig) -> Result<()> {
+    for (key, value) in t {
+        let field = format!("ingest.{key}");
+        match key.as_str() {
+            "max_files_per_batch" => ingest.max_files_per_batch = positive(file, &field, value)? as usize,
+            "max_bytes_per_batch" => ingest.max_bytes_per_batch = positive(file, &field, value)?,
+            "full_scan_every" => ingest.full_scan_every = positive(file, &field, value)?,
+            "lease_ttl" => {
+                let s = string(file, &field, value, "a duration such as \"10m\"")?;
+                ingest.lease_ttl = parse_duration(s)
+                    .map_err(|e| Error::config(file, &field, format!("a duration such as \"10m\" ({e})")))?;
+            }
+            "sources" => {
+                let arr = value.as_array().ok_or_else(|| {
+                    Error::config(file, &field, "an array of source names")
+                })?;
+                let mut v = Vec::new();
+                for item in arr {
+                    v.push(string(file, &field, item, "an array of source names")?.to_string());
+                }
+                ingest.sources = Some(v);
+            }
+            other => {
+                return Err(Error::config(
+                    file,
+                    format!("ingest.{other}"),
+                    "one of max_files_per_batch, max_bytes_per_batch, full_scan_every, lease_ttl, sources",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parse a duration like `30s`, `5m`, `26h`, `3d`, `250ms` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` does not start with a number"))?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        u => return Err(format!("unknown unit `{u}` (use ms, s, m, h or d)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("`{s}` is not a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_resolves_relative_paths() {
+        let cfg = Config::parse(
+            "landing = \"l\"\nwarehouse = \"s3://bucket/wh\"\n[storage]\naws_region = \"us-east-1\"\n[ingest]\nmax_files_per_batch = 10\n",
+            "k.toml",
+            Path::new("/base"),
+        )
+        .unwrap();
+        assert_eq!(cfg.landing, "/base/l");
+        assert_eq!(cfg.warehouse, "s3://bucket/wh");
+        assert_eq!(cfg.storage["aws_region"], "us-east-1");
+        assert_eq!(cfg.ingest.max_files_per_batch, 10);
+    }
+
+    #[test]
+    fn errors_name_file_field_and_expectation() {
+        let e = Config::parse("landing = 5\n", "k.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "k.toml: field `landing`: expected a local path or an s3:// URL, got integer"
+        );
+        let e = Config::parse(
+            "[ingest]\nmax_files_per_batch = 0\n",
+            "k.toml",
+            Path::new("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`ingest.max_files_per_batch`") && e.contains("positive integer"),
+            "{e}"
+        );
+        let e = Config::parse("lnding = \"x\"\n", "k.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`lnding`") && e.contains("known fields"), "{e}");
+        let e = Config::parse("warehouse = \"ftp://x\"\n", "k.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scheme `ftp`"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("3d").unwrap(), Duration::from_secs(259_200));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! Library errors. The binary turns these into a one-line message on stderr.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong inside kestrel, by kind.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration or job file is invalid: names the file, the field and what was expected.
+    #[error("{file}: field `{field}`: expected {expected}")]
+    Config {
+        file: String,
+        field: String,
+        expected: String,
+    },
+
+    /// A schema file (`schemas/<source>.json`) is invalid.
+    #[error("schema {file}: {message}")]
+    Schema { file: PathBuf, message: String },
+
+    /// An object-store operation failed (landing zone or warehouse).
+    #[error("storage {url}: {source}")]
+    Storage {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A Delta table operation failed.
+    #[error("delta table {table}: {source}")]
+    Delta {
+        table: String,
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+
+    /// A DataFusion query failed.
+    #[error("query {what}: {source}")]
+    Query {
+        what: String,
+        #[source]
+        source: datafusion::error::DataFusionError,
+    },
+
+    /// Building an Arrow array or batch failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+
+    /// Local I/O (config files, schemas, the demo writer).
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A URL given for landing or warehouse cannot be used.
+    #[error("invalid location `{url}`: {reason}")]
+    Location { url: String, reason: String },
+
+    /// Another process holds a lease.
+    #[error("{name} is busy: lease held by {owner} until {until} (remove {path} if that process is gone)")]
+    LeaseHeld {
+        name: String,
+        owner: String,
+        until: String,
+        path: String,
+    },
+
+    /// A durable batch plan is unreadable or inconsistent.
+    #[error("batch plan {path}: {reason}")]
+    Plan { path: String, reason: String },
+
+    /// Anything else, with a human readable reason.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    pub(crate) fn delta(table: impl Into<String>, source: deltalake::DeltaTableError) -> Self {
+        Error::Delta {
+            table: table.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn query(
+        what: impl Into<String>,
+        source: datafusion::error::DataFusionError,
+    ) -> Self {
+        Error::Query {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn storage(url: impl Into<String>, source: object_store::Error) -> Self {
+        Error::Storage {
+            url: url.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn config(
+        file: impl Into<String>,
+        field: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> Self {
+        Error::Config {
+            file: file.into(),
+            field: field.into(),
+            expected: expected.into(),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The ledger: durable batch plans (`_kestrel/plans/…`) and the table of processed files
+//! (`_kestrel/ledger`, a Delta table partitioned by source).
+//!
+//! A plan is written with put-if-absent before any data is read, so a batch re-run after
+//! a crash processes exactly the same files, and two writers cannot plan different
+//! contents for the same batch id.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{Array, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::schema::ts_type;
+use crate::sink::delta::{self, Warehouse};
+use crate::source::discover::LandedFile;
+
+/// Table path of the ledger.
+pub const TABLE: &str = "_kestrel/ledger";
+
+/// What a batch does with a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum FileAction {
+    /// Read, validate and append to bronze.
+    Ingest,
+    /// Already processed but its size or e-tag changed: reported, not re-read.
+    Changed {
+        previous_size: u64,
+        previous_e_tag: Option<String>,
+    },
+}
+
+/// One file in a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedFile {
+    #[serde(flatten)]
+    pub file: LandedFile,
+    #[serde(flatten)]
+    pub action: FileAction,
+}
+
+/// A durable ingestion batch plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub source: String,
+    pub batch_id: i64,
+    pub created_at: String,
+    /// Whether discovery listed the whole source.
+    pub full_scan: bool,
+    /// Files in processing order: (landed time, path).
+    pub files: Vec<PlannedFile>,
+    /// Per source partition, the greatest key processed once this batch is done.
+    pub cursors_after: BTreeMap<String, String>,
+}
+
+fn plan_key(source: &str, batch_id: i64) -> String {
+    format!("_kestrel/plans/ingest/{source}/{batch_id:020}.json")
+}
+
+/// Read a plan; None when it does not exist.
+pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Option<Plan>> {
+    let key = plan_key(source, batch_id);
+    let path = wh.loc.path(&key);
+    match wh.loc.store.get(&path).await {
+        Ok(r) => {
+            let bytes = r
+                .bytes()
+                .await
+                .map_err(|e| Error::storage(wh.loc.display(&key), e))?;
+            let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::Plan {
+                path: wh.loc.display(&key),
+                reason: e.to_string(),
+            })?;
+            if plan.batch_id != batch_id || plan.source != source {
+                return Err(Error::Plan {
+                    path: wh.loc.display(&key),
+                    reason: format!("holds batch {} of {}", plan.batch_id, plan.source),
+                });
+            }
+            Ok(Some(plan))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Error::storage(wh.loc.display(&key), e)),
+    }
+}
+
+/// Write a plan if no plan with that id exists. Returns the plan that is durable
+/// (ours, or the one another writer created first).
+pub async fn write_plan(wh: &Warehouse, plan: &Plan) -> Result<Plan> {
+    let key = plan_key(&plan.source, plan.batch_id);
+    let path = wh.loc.path(&key);
+    let body = serde_json::to_vec_pretty(plan).map_err(|e| Error::Other(e.to_string()))?;
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match wh
+        .loc
+        .store
+        .put_opts(&path, PutPayload::from(body), opts)
+        .await
+    {
+        Ok(_) => Ok(plan.clone()),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            read_plan(wh, &plan.source, plan.batch_id)
+                .await?
+                .ok_or_else(|| Error::Plan {
+                    path: wh.loc.display(&key),
+                    reason: "reported as existing but cannot be read".into(),
+                })
+        }
+        Err(e) => Err(Error::storage(wh.loc.display(&key), e)),
+    }
+}
+
+/// Schema of the ledger table.
+pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("source", DataType::Utf8, true),
+        Field::new("path", DataType::Utf8, true),
+        Field::new("partition", DataType::Utf8, true),
+        Field::new("size", DataType::Int64, true),
+        Field::new("e_tag", DataType::Utf8, true),
+        Field::new("landed_at", ts_type(), true),
+        Field::new("batch_id", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("records", DataType::Int64, true),
+        Field::new("reason", DataType::Utf8, true),
+        Field::new("recorded_at", ts_type(), true),
+    ]))
+});
+
+/// Application id of a source's ledger commits.
+pub fn app_id(source: &str) -> String {
+    format!("kestrel-ledger-{source}")
+}
+
+/// Outcome of one file, recorded in the ledger.
+#[derive(Debug, Clone)]
+pub struct FileOutcome {
+    pub status: &'static str,
+    pub records: i64,
+    pub reason: Option<String>,
+}
+
+/// Build the ledger rows of a batch.
+pub fn ledger_batch(
+    plan: &Plan,
+    outcomes: &[FileOutcome],
+    recorded_at_us: i64,
+) -> Result<RecordBatch> {
+    let mut source = StringBuilder::new();
+    let mut path = StringBuilder::new();
+    let mut part = StringBuilder::new();
+    let mut size = Int64Builder::new();
+    let mut etag = StringBuilder::new();
+    let mut landed = TimestampMicrosecondBuilder::new();
+    let mut batch = Int64Builder::new();
+    let mut status = StringBuilder::new();
+    let mut records = Int64Builder::new();
+    let mut reason = StringBuilder::new();
+    let mut recorded = TimestampMicrosecondBuilder::new();
+    for (f, o) in plan.files.iter().zip(outcomes) {
+        source.append_value(&plan.source);
+        path.append_value(&f.file.path);
+        part.append_value(&f.file.partition);
+        size.append_value(f.file.size as i64);
+        etag.append_option(f.file.e_tag.as_deref());
+        landed.append_value(f.file.landed_at_us);
+        batch.append_value(plan.batch_id);
+        status.append_value(o.status);
+        records.append_value(o.records);
+        reason.append_option(o.reason.as_deref());
+        recorded.append_value(recorded_at_us);
+    }
+    Ok(RecordBatch::try_new(
+        SCHEMA.clone(),
+        vec![
+            Arc::new(source.finish()),
+            Arc::new(path.finish()),
+            Arc::new(part.finish()),
+            Arc::new(size.finish()),
+            Arc::new(etag.finish()),
+            Arc::new(landed.finish().with_timezone("UTC")),
+            Arc::new(batch.finish()),
+            Arc::new(status.finish()),
+            Arc::new(records.finish()),
+            Arc::new(reason.finish()),
+            Arc::new(recorded.finish().with_timezone("UTC")),
+        ],
+    )?)
+}
+
+/// What the ledger knows about a file: its latest recorded size and e-tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Known {
+    pub size: u64,
+    pub e_tag: Option<String>,
+    pub batch_id: i64,
+}
+
+/// Every file recorded for a source (used by full scans only).
+pub async fn known_files(wh: &Warehouse, source: &str) -> Result<HashMap<String, Known>> {
+    let mut out: HashMap<String, Known> = HashMap::new();
+    let Some(table) = wh.open(TABLE).await? else {
+        return Ok(out);
+    };
+    let ctx = delta::session_with(&table, "ledger").await?;
+    let q = format!(
+        "SELECT CAST(path AS VARCHAR) AS path, size, CAST(e_tag AS VARCHAR) AS e_tag, batch_id FROM ledger WHERE source = '{}'",
+        source.replace('\'', "''")
+    );
+    for b in delta::sql(&ctx, &q).await? {
+        let paths = delta::col_str(&b, 0)?;
+        let sizes = delta::col_i64(&b, 1)?;
+        let etags = delta::col_str(&b, 2)?;
+        let batches = delta::col_i64(&b, 3)?;
+        for i in 0..b.num_rows() {
+            let k = Known {
+                size: sizes.value(i) as u64,
+                e_tag: (!etags.is_null(i)).then(|| etags.value(i).to_string()),
+                batch_id: batches.value(i),
+            };
+            match out.get(paths.value(i)) {
+                Some(prev) if prev.batch_id >= k.batch_id => {}
+                _ => {
+                    out.insert(paths.value(i).to_string(), k);
+                }
+            }
+        }
+    }
+    Ok(out)
+}

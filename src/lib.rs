@@ -1,0 +1,19 @@
+//! kestrel: a micro-batch incremental pipeline on Delta Lake.
+//!
+//! Data flows one way: landing → [`source`] → bronze → jobs → [`sink`] → gold. The
+//! [`runner`] decides when; `main.rs` only parses the command line and calls in here.
+
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod fault;
+pub mod lease;
+pub mod ledger;
+pub mod runlog;
+pub mod runner;
+pub mod schema;
+pub mod sink;
+pub mod source;
+pub mod storage;
+
+pub use error::{Error, Result};

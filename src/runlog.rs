@@ -1,0 +1,113 @@
+//! The run log (`_kestrel/runs`): one row per completed batch of ingestion (and, later,
+//! of every job), written with an application transaction so a replayed batch logs once.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::schema::ts_type;
+use crate::sink::delta::{self, Warehouse};
+
+/// Table path of the run log.
+pub const TABLE: &str = "_kestrel/runs";
+
+/// Schema of the run log.
+pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, true),
+        Field::new("kind", DataType::Utf8, true),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("batch_id", DataType::Int64, true),
+        Field::new("started_at", ts_type(), true),
+        Field::new("finished_at", ts_type(), true),
+        Field::new("duration_ms", DataType::Int64, true),
+        Field::new("files", DataType::Int64, true),
+        Field::new("files_rejected", DataType::Int64, true),
+        Field::new("files_changed", DataType::Int64, true),
+        Field::new("rows_in", DataType::Int64, true),
+        Field::new("rows_written", DataType::Int64, true),
+        Field::new("duplicates", DataType::Int64, true),
+        Field::new("quarantined", DataType::Int64, true),
+        Field::new("bronze_version", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("message", DataType::Utf8, true),
+    ]))
+});
+
+/// Application id of a run-log entry stream (`kind` + `name`, e.g. ingest/orders).
+pub fn app_id(kind: &str, name: &str) -> String {
+    format!("kestrel-runlog-{kind}-{name}")
+}
+
+/// One completed ingestion batch.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IngestEntry {
+    pub run_id: String,
+    pub source: String,
+    pub batch_id: i64,
+    pub started_at_us: i64,
+    pub finished_at_us: i64,
+    pub files: i64,
+    pub files_rejected: i64,
+    pub files_changed: i64,
+    pub rows_in: i64,
+    pub rows_written: i64,
+    pub duplicates: i64,
+    pub quarantined: i64,
+    pub bronze_version: Option<i64>,
+    pub status: String,
+    pub message: Option<String>,
+}
+
+impl IngestEntry {
+    fn to_batch(&self) -> Result<RecordBatch> {
+        let ts = |v: i64| Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"));
+        let i = |v: i64| Arc::new(Int64Array::from(vec![v]));
+        Ok(RecordBatch::try_new(
+            SCHEMA.clone(),
+            vec![
+                Arc::new(StringArray::from(vec![self.run_id.as_str()])),
+                Arc::new(StringArray::from(vec!["ingest"])),
+                Arc::new(StringArray::from(vec![self.source.as_str()])),
+                i(self.batch_id),
+                ts(self.started_at_us),
+                ts(self.finished_at_us),
+                i((self.finished_at_us - self.started_at_us) / 1000),
+                i(self.files),
+                i(self.files_rejected),
+                i(self.files_changed),
+                i(self.rows_in),
+                i(self.rows_written),
+                i(self.duplicates),
+                i(self.quarantined),
+                Arc::new(Int64Array::from(vec![self.bronze_version])),
+                Arc::new(StringArray::from(vec![self.status.as_str()])),
+                Arc::new(StringArray::from(vec![self.message.as_deref()])),
+            ],
+        )?)
+    }
+}
+
+/// Last batch id logged for (kind, name); 0 when none.
+pub async fn last_batch(wh: &Warehouse, kind: &str, name: &str) -> Result<i64> {
+    match wh.open(TABLE).await? {
+        Some(t) => Ok(delta::txn_version(&t, &app_id(kind, name))
+            .await?
+            .unwrap_or(0)),
+        None => Ok(0),
+    }
+}
+
+/// Append an ingestion entry unless that batch is already logged. Returns true if written.
+pub async fn log_ingest(wh: &Warehouse, e: &IngestEntry) -> Result<bool> {
+    let table = wh.open_or_create(TABLE, &SCHEMA, &[]).await?;
+    let app = app_id("ingest", &e.source);
+    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= e.batch_id {
+        return Ok(false);
+    }
+    delta::append(table, vec![e.to_batch()?], &[], &app, e.batch_id).await?;
+    Ok(true)
+}

@@ -1,0 +1,623 @@
+//! Ingestion: landed files → `bronze/<source>`, exactly once.
+//!
+//! Protocol for batch `n` of a source (each step is idempotent, so a crash anywhere and
+//! a re-run give the same tables):
+//! 1. `n` = last batch in the run log + 1. If plan `n` exists it is re-executed as is
+//!    (crash recovery); otherwise discovery lists new files and plan `n` is written with
+//!    put-if-absent.
+//! 2. Decode and validate the planned files; deduplicate by event_id: first delivery
+//!    wins within the batch (plan order = landed time, path, line), then exactly against
+//!    bronze for the event dates the batch touches (ignoring rows of batch `n` itself).
+//! 3. Append to `bronze/<source>` with txn (`kestrel-ingest-<source>`, n) unless bronze
+//!    already holds that txn; same for `quarantine/<source>`.
+//! 4. Append the files' outcomes to `_kestrel/ledger` with txn (`kestrel-ledger-<source>`, n).
+//! 5. Append the run-log entry with txn (`kestrel-runlog-ingest-<source>`, n): batch `n`
+//!    is complete once this commit exists.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringArray};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{DataType, Date32Type, Field, Schema};
+use chrono::Utc;
+use datafusion::datasource::MemTable;
+use indicatif::{ProgressBar, ProgressStyle};
+use object_store::ObjectStoreExt;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::fault;
+use crate::lease::Lease;
+use crate::ledger::{self, FileAction, FileOutcome, Plan, PlannedFile};
+use crate::runlog::{self, IngestEntry};
+use crate::schema::{SourceSchema, EVENT_DATE};
+use crate::sink::delta::{self, Warehouse};
+use crate::sink::quarantine::{self, QuarantineBuilder};
+use crate::source::decode::{decode_file, Decoded, Rejected};
+use crate::source::discover::{self, LandedFile};
+use crate::source::validate::FileContext;
+use crate::storage::Location;
+
+/// Table path of a source's bronze table.
+pub fn bronze_path(source: &str) -> String {
+    format!("bronze/{source}")
+}
+
+/// Application id of a source's bronze and quarantine commits.
+pub fn app_id(source: &str) -> String {
+    format!("kestrel-ingest-{source}")
+}
+
+/// Options of one ingestion run.
+#[derive(Debug, Clone, Default)]
+pub struct IngestOptions {
+    /// List every landed file (not only names after the cursors).
+    pub full_scan: bool,
+}
+
+/// What one run did for one source (all its batches).
+#[derive(Debug, Clone, Default)]
+pub struct SourceReport {
+    pub source: String,
+    pub batches: Vec<IngestEntry>,
+}
+
+impl SourceReport {
+    fn sum(&self, f: impl Fn(&IngestEntry) -> i64) -> i64 {
+        self.batches.iter().map(f).sum()
+    }
+    pub fn files(&self) -> i64 {
+        self.sum(|e| e.files)
+    }
+    pub fn rows_in(&self) -> i64 {
+        self.sum(|e| e.rows_in)
+    }
+    pub fn rows_written(&self) -> i64 {
+        self.sum(|e| e.rows_written)
+    }
+    pub fn duplicates(&self) -> i64 {
+        self.sum(|e| e.duplicates)
+    }
+    pub fn quarantined(&self) -> i64 {
+        self.sum(|e| e.quarantined)
+    }
+    pub fn files_rejected(&self) -> i64 {
+        self.sum(|e| e.files_rejected)
+    }
+    pub fn files_changed(&self) -> i64 {
+        self.sum(|e| e.files_changed)
+    }
+}
+
+/// Ingests sources of one configuration.
+pub struct Ingestor {
+    cfg: Config,
+    landing: Location,
+    wh: Warehouse,
+    schemas: BTreeMap<String, Arc<SourceSchema>>,
+    run_id: String,
+    opts: IngestOptions,
+}
+
+fn now_us() -> i64 {
+    Utc::now().timestamp_micros()
+}
+
+impl Ingestor {
+    /// Set up from config: open landing and warehouse, load schemas.
+    pub fn new(cfg: Config, opts: IngestOptions) -> Result<Self> {
+        let landing = Location::open(&cfg.landing, &cfg.storage, false)?;
+        let wh = Warehouse::new(Location::open(&cfg.warehouse, &cfg.storage, true)?);
+        let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
+        Ok(Ingestor {
+            cfg,
+            landing,
+            wh,
+            schemas,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            opts,
+        })
+    }
+
+    /// The warehouse.
+    pub fn warehouse(&self) -> &Warehouse {
+        &self.wh
+    }
+
+    /// Sources this config ingests.
+    pub fn sources(&self) -> Result<Vec<String>> {
+        let available: Vec<String> = self.schemas.keys().cloned().collect();
+        self.cfg.selected_sources(&available)
+    }
+
+    /// Ingest everything newly landed for one source (as many batches as needed).
+    pub async fn ingest_source(&self, source: &str) -> Result<SourceReport> {
+        let schema = self
+            .schemas
+            .get(source)
+            .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))?
+            .clone();
+        let lease = Lease::acquire(
+            &self.wh,
+            &format!("ingest-{source}"),
+            self.cfg.ingest.lease_ttl,
+        )
+        .await?;
+        let result = self.ingest_batches(source, &schema).await;
+        if let Err(e) = lease.release().await {
+            warn!(source, error = %e, "could not release lease");
+        }
+        result
+    }
+
+    async fn ingest_batches(
+        &self,
+        source: &str,
+        schema: &Arc<SourceSchema>,
+    ) -> Result<SourceReport> {
+        let mut report = SourceReport {
+            source: source.to_string(),
+            batches: Vec::new(),
+        };
+        let mut full_scan_done = false;
+        loop {
+            let last = runlog::last_batch(&self.wh, "ingest", source).await?;
+            let n = last + 1;
+            let plan = match ledger::read_plan(&self.wh, source, n).await? {
+                Some(p) => {
+                    info!(
+                        source,
+                        batch = n,
+                        files = p.files.len(),
+                        "resuming planned batch"
+                    );
+                    p
+                }
+                None => {
+                    let force_full = self.opts.full_scan && !full_scan_done;
+                    match self.plan_next(source, last, n, force_full).await? {
+                        Some(p) => {
+                            full_scan_done |= p.full_scan;
+                            p
+                        }
+                        None => break,
+                    }
+                }
+            };
+            fault::point("after_plan");
+            let entry = self.execute(&plan, schema).await?;
+            report.batches.push(entry);
+        }
+        Ok(report)
+    }
+
+    /// Discover new files and durably plan batch `n`; None when nothing is new.
+    async fn plan_next(
+        &self,
+        source: &str,
+        last: i64,
+        n: i64,
+        force_full: bool,
+    ) -> Result<Option<Plan>> {
+        let prev = if last > 0 {
+            ledger::read_plan(&self.wh, source, last).await?
+        } else {
+            None
+        };
+        let mut cursors = prev.map(|p| p.cursors_after).unwrap_or_default();
+        let every = self.cfg.ingest.full_scan_every as i64;
+        let full = force_full || cursors.is_empty() || (every > 0 && n % every == 0);
+        let listed =
+            discover::list_source(&self.landing, source, (!full).then_some(&cursors)).await?;
+        let mut new_files: Vec<LandedFile> = Vec::new();
+        let mut changed: Vec<PlannedFile> = Vec::new();
+        if full {
+            let known = ledger::known_files(&self.wh, source).await?;
+            for f in listed {
+                match known.get(&f.path) {
+                    None => new_files.push(f),
+                    Some(k) => {
+                        let etag_differs =
+                            matches!((&k.e_tag, &f.e_tag), (Some(a), Some(b)) if a != b);
+                        if k.size != f.size || etag_differs {
+                            changed.push(PlannedFile {
+                                action: FileAction::Changed {
+                                    previous_size: k.size,
+                                    previous_e_tag: k.e_tag.clone(),
+                                },
+                                file: f,
+                            });
+                        }
+                    }
+                }
+            }
+        } else {
+            new_files = listed;
+        }
+        if new_files.is_empty() && changed.is_empty() {
+            return Ok(None);
+        }
+        // Processing order: arrival time, then path.
+        new_files.sort_by(|a, b| (a.landed_at_us, &a.path).cmp(&(b.landed_at_us, &b.path)));
+        let (max_files, max_bytes) = (
+            self.cfg.ingest.max_files_per_batch,
+            self.cfg.ingest.max_bytes_per_batch,
+        );
+        let mut take = 0usize;
+        let mut bytes = 0u64;
+        while take < new_files.len() {
+            if take > 0 && (take >= max_files || bytes + new_files[take].size > max_bytes) {
+                break;
+            }
+            bytes += new_files[take].size;
+            take += 1;
+        }
+        for f in &new_files[..take] {
+            let c = cursors.entry(f.partition.clone()).or_default();
+            if f.path > *c {
+                *c = f.path.clone();
+            }
+        }
+        // A file left for later must sort after its partition's new cursor, or the next
+        // incremental listing would never see it: pull such files into this batch.
+        let mut files: Vec<PlannedFile> = Vec::with_capacity(take + changed.len());
+        for (i, f) in new_files.into_iter().enumerate() {
+            let keep = i < take || cursors.get(&f.partition).is_some_and(|c| f.path <= *c);
+            if keep {
+                files.push(PlannedFile {
+                    file: f,
+                    action: FileAction::Ingest,
+                });
+            }
+        }
+        files.sort_by(|a, b| {
+            (a.file.landed_at_us, &a.file.path).cmp(&(b.file.landed_at_us, &b.file.path))
+        });
+        files.extend(changed);
+        let plan = Plan {
+            source: source.to_string(),
+            batch_id: n,
+            created_at: Utc::now().to_rfc3339(),
+            full_scan: full,
+            files,
+            cursors_after: cursors,
+        };
+        let durable = ledger::write_plan(&self.wh, &plan).await?;
+        info!(
+            source,
+            batch = n,
+            files = durable.files.len(),
+            full_scan = full,
+            "planned batch"
+        );
+        Ok(Some(durable))
+    }
+
+    /// Execute a plan (first time or after a crash).
+    async fn execute(&self, plan: &Plan, schema: &Arc<SourceSchema>) -> Result<IngestEntry> {
+        let started = now_us();
+        let timer = Instant::now();
+        let source = plan.source.as_str();
+        let n = plan.batch_id;
+        let ingested_at = now_us();
+        let app = app_id(source);
+
+        // 2. decode + validate
+        let bar = progress(plan.files.len() as u64, &format!("{source} batch {n}"));
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut quarantine = QuarantineBuilder::default();
+        let mut outcomes = Vec::with_capacity(plan.files.len());
+        let (mut rows_in, mut files_rejected, mut files_changed) = (0i64, 0i64, 0i64);
+        for pf in &plan.files {
+            let f = &pf.file;
+            let outcome = match &pf.action {
+                FileAction::Changed { previous_size, .. } => {
+                    files_changed += 1;
+                    warn!(source, file = %f.path, "file changed after it was processed");
+                    FileOutcome {
+                        status: "changed",
+                        records: 0,
+                        reason: Some(format!(
+                            "landed files are immutable: size/e-tag changed after processing (was {previous_size} bytes, now {})",
+                            f.size
+                        )),
+                    }
+                }
+                FileAction::Ingest => {
+                    let ctx = FileContext {
+                        source_file: f.path.clone(),
+                        partition: f.partition.clone(),
+                        landed_at_us: f.landed_at_us,
+                        batch_id: n,
+                        ingested_at_us: ingested_at,
+                    };
+                    let decoded = match self.read_landed(f).await? {
+                        Ok(bytes) => decode_file(bytes, f.format, schema, &ctx)?,
+                        Err(reason) => Decoded::FileRejected { reason },
+                    };
+                    match decoded {
+                        Decoded::Rows {
+                            batch,
+                            rejects,
+                            records,
+                        } => {
+                            rows_in += records as i64;
+                            for r in &rejects {
+                                quarantine.push(
+                                    &f.path,
+                                    &f.partition,
+                                    f.landed_at_us,
+                                    n,
+                                    ingested_at,
+                                    r,
+                                );
+                            }
+                            if let Some(b) = batch {
+                                batches.push(b);
+                            }
+                            FileOutcome {
+                                status: "ingested",
+                                records: records as i64,
+                                reason: (!rejects.is_empty())
+                                    .then(|| format!("{} record(s) quarantined", rejects.len())),
+                            }
+                        }
+                        Decoded::FileRejected { reason } => {
+                            files_rejected += 1;
+                            warn!(source, file = %f.path, %reason, "file rejected");
+                            let r = Rejected {
+                                line: None,
+                                raw: None,
+                                reason: reason.clone(),
+                            };
+                            quarantine.push(
+                                &f.path,
+                                &f.partition,
+                                f.landed_at_us,
+                                n,
+                                ingested_at,
+                                &r,
+                            );
+                            FileOutcome {
+                                status: "rejected",
+                                records: 0,
+                                reason: Some(reason),
+                            }
+                        }
+                    }
+                }
+            };
+            outcomes.push(outcome);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        fault::point("after_decode");
+
+        // dedup, then 3. bronze
+        let bronze = self
+            .wh
+            .open_or_create(&bronze_path(source), &schema.bronze, &[EVENT_DATE])
+            .await?;
+        let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
+        let deduped = dedup(batches, &bronze, schema, n).await?;
+        let rows_written: i64 = deduped.iter().map(|b| b.num_rows() as i64).sum();
+        let duplicates = valid - rows_written;
+        let mut bronze_version = None;
+        let bronze_done = delta::txn_version(&bronze, &app).await?.unwrap_or(0) >= n;
+        if bronze_done {
+            info!(
+                source,
+                batch = n,
+                "bronze already holds this batch (replay)"
+            );
+        } else if rows_written > 0 {
+            let t = delta::append(bronze, deduped, &[EVENT_DATE], &app, n).await?;
+            bronze_version = t.version().map(|v| v as i64);
+        }
+        fault::point("after_bronze");
+
+        let quarantined = quarantine.len() as i64;
+        if let Some(qb) = quarantine.finish()? {
+            let q = self
+                .wh
+                .open_or_create(&quarantine::table_path(source), &quarantine::SCHEMA, &[])
+                .await?;
+            if delta::txn_version(&q, &app).await?.unwrap_or(0) < n {
+                delta::append(q, vec![qb], &[], &app, n).await?;
+            }
+        }
+        fault::point("after_quarantine");
+
+        // 4. ledger
+        let lt = self
+            .wh
+            .open_or_create(ledger::TABLE, &ledger::SCHEMA, &["source"])
+            .await?;
+        let lapp = ledger::app_id(source);
+        if delta::txn_version(&lt, &lapp).await?.unwrap_or(0) < n {
+            let rows = ledger::ledger_batch(plan, &outcomes, now_us())?;
+            delta::append(lt, vec![rows], &["source"], &lapp, n).await?;
+        }
+        fault::point("after_ledger");
+
+        // 5. run log
+        let status = if files_rejected + files_changed > 0 {
+            "partial"
+        } else {
+            "ok"
+        };
+        let message = (files_rejected + files_changed > 0).then(|| {
+            outcomes
+                .iter()
+                .zip(&plan.files)
+                .filter(|(o, _)| o.status != "ingested")
+                .map(|(o, f)| {
+                    format!(
+                        "{}: {}",
+                        f.file.path,
+                        o.reason.as_deref().unwrap_or(o.status)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        let entry = IngestEntry {
+            run_id: self.run_id.clone(),
+            source: source.to_string(),
+            batch_id: n,
+            started_at_us: started,
+            finished_at_us: started + timer.elapsed().as_micros() as i64,
+            files: plan.files.len() as i64,
+            files_rejected,
+            files_changed,
+            rows_in,
+            rows_written,
+            duplicates,
+            quarantined,
+            bronze_version,
+            status: status.to_string(),
+            message,
+        };
+        runlog::log_ingest(&self.wh, &entry).await?;
+        fault::point("after_runlog");
+        info!(
+            source,
+            batch = n,
+            files = entry.files,
+            rows_in,
+            rows_written,
+            duplicates,
+            quarantined,
+            "batch committed"
+        );
+        Ok(entry)
+    }
+
+    /// Read a planned file; Err(reason) when it is gone or no longer what was planned.
+    async fn read_landed(
+        &self,
+        f: &LandedFile,
+    ) -> Result<std::result::Result<bytes::Bytes, String>> {
+        let path = self.landing.path(&f.path);
+        match self.landing.store.get(&path).await {
+            Ok(r) => {
+                if r.meta.size != f.size {
+                    return Ok(Err(format!(
+                        "file changed while being processed ({} bytes planned, {} found)",
+                        f.size, r.meta.size
+                    )));
+                }
+                let b = r
+                    .bytes()
+                    .await
+                    .map_err(|e| Error::storage(self.landing.display(&f.path), e))?;
+                Ok(Ok(b))
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                Ok(Err("file disappeared after it was planned".into()))
+            }
+            Err(e) => Err(Error::storage(self.landing.display(&f.path), e)),
+        }
+    }
+}
+
+fn progress(len: u64, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} files ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(label.to_string());
+    bar
+}
+
+fn date_literal(days: i32) -> String {
+    chrono::NaiveDate::from_num_days_from_ce_opt(days + 719_163)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| "1970-01-01".into())
+}
+
+/// Remove duplicate event_ids: first occurrence within the batch wins, then anything
+/// already in bronze for the touched event dates (rows of batch `n` itself excepted, so a
+/// replay computes the same result).
+async fn dedup(
+    batches: Vec<RecordBatch>,
+    bronze: &deltalake::DeltaTable,
+    schema: &SourceSchema,
+    n: i64,
+) -> Result<Vec<RecordBatch>> {
+    let id_idx = schema.event_id_index();
+    let date_idx = schema.bronze.index_of(EVENT_DATE)?;
+    let mut dates = BTreeSet::new();
+    let mut ids: Vec<String> = Vec::new();
+    for b in &batches {
+        let d = b.column(date_idx).as_primitive::<Date32Type>();
+        dates.extend(d.values().iter().copied());
+        let id = b.column(id_idx).as_string::<i32>();
+        ids.extend(id.iter().flatten().map(str::to_string));
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut existing: HashSet<String> = HashSet::new();
+    if bronze.version().unwrap_or(0) > 0 {
+        let ctx = delta::session_with(bronze, "bronze").await?;
+        let incoming = Arc::new(Schema::new(vec![Field::new(
+            "event_id",
+            DataType::Utf8,
+            false,
+        )]));
+        let ids_arr: Arc<dyn Array> = Arc::new(StringArray::from(ids));
+        let mem = MemTable::try_new(
+            incoming.clone(),
+            vec![vec![RecordBatch::try_new(incoming, vec![ids_arr])?]],
+        )
+        .map_err(|e| Error::query("incoming ids", e))?;
+        ctx.register_table("incoming", Arc::new(mem))
+            .map_err(|e| Error::query("incoming ids", e))?;
+        let date_list = dates
+            .iter()
+            .map(|d| format!("DATE '{}'", date_literal(*d)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let q = format!(
+            "SELECT DISTINCT CAST(b.event_id AS VARCHAR) AS event_id FROM bronze b \
+             WHERE b.{EVENT_DATE} IN ({date_list}) AND b._batch_id <> {n} \
+             AND b.event_id IN (SELECT event_id FROM incoming)"
+        );
+        for r in delta::sql(&ctx, &q).await? {
+            let col = delta::col_str(&r, 0)?;
+            existing.extend(col.iter().flatten().map(str::to_string));
+        }
+    }
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut masks = Vec::with_capacity(batches.len());
+    for b in &batches {
+        let id = b.column(id_idx).as_string::<i32>();
+        let mask: BooleanArray = id
+            .iter()
+            .map(|v| Some(v.is_some_and(|s| !existing.contains(s) && seen.insert(s))))
+            .collect();
+        masks.push(mask);
+    }
+    let mut out = Vec::with_capacity(batches.len());
+    for (b, m) in batches.iter().zip(&masks) {
+        let f = filter_record_batch(b, m)?;
+        if f.num_rows() > 0 {
+            out.push(f);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn date_literals() {
+        assert_eq!(super::date_literal(0), "1970-01-01");
+        assert_eq!(super::date_literal(20_000), "2024-10-04");
+    }
+}

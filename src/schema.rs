@@ -1,0 +1,251 @@
+//! Event schemas (`schemas/<source>.json`) → Arrow schemas plus validation rules.
+//!
+//! The four shipped schemas are compiled in; a `schemas/` directory next to the config
+//! may override them or add sources.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Name of the event date partition column of bronze tables.
+pub const EVENT_DATE: &str = "event_date";
+/// Bookkeeping columns kestrel adds to every bronze row.
+pub const META_COLUMNS: [&str; 6] = [
+    "_source_partition",
+    "_landed_at",
+    "_source_file",
+    "_source_line",
+    "_batch_id",
+    "_ingested_at",
+];
+
+const BUILTIN: [(&str, &str); 4] = [
+    ("clickstream", include_str!("../schemas/clickstream.json")),
+    ("orders", include_str!("../schemas/orders.json")),
+    ("payments", include_str!("../schemas/payments.json")),
+    ("inventory", include_str!("../schemas/inventory.json")),
+];
+
+/// The type of one event field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldType {
+    /// UTF-8 string.
+    String,
+    /// 64-bit signed integer; a JSON number without fraction, never a quoted number.
+    Int64,
+    /// RFC 3339 with an offset (normalised to UTC) or integer epoch milliseconds.
+    Timestamp,
+}
+
+/// One field of an event schema.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: FieldType,
+    #[serde(default)]
+    pub nullable: bool,
+    #[serde(default, rename = "enum")]
+    pub enum_values: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchemaFile {
+    source: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+    fields: Vec<FieldSpec>,
+}
+
+/// A source's event schema with the derived Arrow schemas.
+#[derive(Debug, Clone)]
+pub struct SourceSchema {
+    /// Source name (`orders`, …).
+    pub name: String,
+    /// Event fields in declaration order.
+    pub fields: Vec<FieldSpec>,
+    /// Bronze table schema: event fields, `event_date`, then the meta columns.
+    pub bronze: SchemaRef,
+}
+
+impl SourceSchema {
+    fn from_file(file: SchemaFile, origin: &Path) -> Result<Self> {
+        let err = |message: String| Error::Schema {
+            file: origin.to_path_buf(),
+            message,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for f in &file.fields {
+            if !seen.insert(f.name.as_str()) {
+                return Err(err(format!("field `{}` is declared twice", f.name)));
+            }
+            if f.name.starts_with('_') || f.name == EVENT_DATE {
+                return Err(err(format!(
+                    "field `{}`: names starting with `_` and `{EVENT_DATE}` are reserved for kestrel",
+                    f.name
+                )));
+            }
+            if f.enum_values.is_some() && f.ty != FieldType::String {
+                return Err(err(format!(
+                    "field `{}`: `enum` is only allowed on string fields",
+                    f.name
+                )));
+            }
+        }
+        for (name, ty) in [
+            ("event_id", FieldType::String),
+            ("event_ts", FieldType::Timestamp),
+        ] {
+            match file.fields.iter().find(|f| f.name == name) {
+                Some(f) if f.ty == ty && !f.nullable => {}
+                Some(_) => {
+                    return Err(err(format!(
+                        "field `{name}` must be a required {}",
+                        if ty == FieldType::String {
+                            "string"
+                        } else {
+                            "timestamp"
+                        }
+                    )))
+                }
+                None => return Err(err(format!("every source needs a field `{name}`"))),
+            }
+        }
+        let mut arrow_fields: Vec<Field> = file
+            .fields
+            .iter()
+            .map(|f| Field::new(&f.name, arrow_type(f.ty), true))
+            .collect();
+        arrow_fields.push(Field::new(EVENT_DATE, DataType::Date32, true));
+        arrow_fields.push(Field::new("_source_partition", DataType::Utf8, true));
+        arrow_fields.push(Field::new("_landed_at", ts_type(), true));
+        arrow_fields.push(Field::new("_source_file", DataType::Utf8, true));
+        arrow_fields.push(Field::new("_source_line", DataType::Int64, true));
+        arrow_fields.push(Field::new("_batch_id", DataType::Int64, true));
+        arrow_fields.push(Field::new("_ingested_at", ts_type(), true));
+        Ok(SourceSchema {
+            name: file.source,
+            fields: file.fields,
+            bronze: Arc::new(Schema::new(arrow_fields)),
+        })
+    }
+
+    /// Index of a field by name.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    /// Index of `event_id` (validated to exist at load).
+    pub fn event_id_index(&self) -> usize {
+        self.index_of("event_id").unwrap_or(0)
+    }
+
+    /// Index of `event_ts` (validated to exist at load).
+    pub fn event_ts_index(&self) -> usize {
+        self.index_of("event_ts").unwrap_or(1)
+    }
+}
+
+/// Arrow type of a field type. Timestamps are Delta TIMESTAMP: microseconds, UTC.
+pub fn arrow_type(ty: FieldType) -> DataType {
+    match ty {
+        FieldType::String => DataType::Utf8,
+        FieldType::Int64 => DataType::Int64,
+        FieldType::Timestamp => ts_type(),
+    }
+}
+
+/// `Timestamp(Microsecond, "UTC")`, the Arrow form of a Delta TIMESTAMP.
+pub fn ts_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// Load the built-in schemas, then `dir/*.json` (which may override them).
+pub fn load_all(dir: &Path) -> Result<BTreeMap<String, Arc<SourceSchema>>> {
+    let mut out = BTreeMap::new();
+    for (name, text) in BUILTIN {
+        let origin = PathBuf::from(format!("(built-in) schemas/{name}.json"));
+        let s = parse(text, &origin)?;
+        out.insert(s.name.clone(), Arc::new(s));
+    }
+    if dir.is_dir() {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir.display().to_string(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            let text =
+                std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))?;
+            let s = parse(&text, &p)?;
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+            if stem != s.name {
+                return Err(Error::Schema {
+                    file: p.clone(),
+                    message: format!(
+                        "`source` is `{}` but the file is named `{stem}.json`",
+                        s.name
+                    ),
+                });
+            }
+            out.insert(s.name.clone(), Arc::new(s));
+        }
+    }
+    Ok(out)
+}
+
+/// Parse one schema document.
+pub fn parse(text: &str, origin: &Path) -> Result<SourceSchema> {
+    let file: SchemaFile = serde_json::from_str(text).map_err(|e| Error::Schema {
+        file: origin.to_path_buf(),
+        message: format!("expected {{\"source\", \"fields\": [{{\"name\", \"type\": string|int64|timestamp, \"nullable\"?, \"enum\"?}}]}}: {e}"),
+    })?;
+    SourceSchema::from_file(file, origin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_schemas_load() {
+        let all = load_all(Path::new("/nonexistent")).unwrap();
+        assert_eq!(all.len(), 4);
+        let p = &all["payments"];
+        let status = &p.fields[p.index_of("status").unwrap()];
+        assert_eq!(status.enum_values.as_ref().unwrap().len(), 4);
+        assert_eq!(
+            p.bronze.field_with_name("event_ts").unwrap().data_type(),
+            &ts_type()
+        );
+        assert!(all["clickstream"].fields[4].nullable);
+    }
+
+    #[test]
+    fn rejects_bad_schema() {
+        let e = parse(
+            r#"{"source":"x","fields":[{"name":"event_id","type":"string"}]}"#,
+            Path::new("x.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("event_ts"), "{e}");
+        let e = parse(
+            r#"{"source":"x","fields":[{"name":"a","type":"float"}]}"#,
+            Path::new("x.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x.json") && e.contains("float"), "{e}");
+    }
+}

@@ -1,0 +1,183 @@
+//! Delta tables in the warehouse: open or create, read the application-transaction
+//! version, append with a transaction, query with DataFusion.
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{StructType, Transaction};
+use deltalake::protocol::SaveMode;
+use deltalake::{DeltaTable, DeltaTableBuilder};
+use std::collections::HashMap;
+use url::Url;
+
+use crate::error::{Error, Result};
+use crate::storage::Location;
+
+/// The warehouse: a location holding Delta tables at relative paths.
+#[derive(Clone, Debug)]
+pub struct Warehouse {
+    pub loc: Location,
+}
+
+impl Warehouse {
+    /// Wrap a location.
+    pub fn new(loc: Location) -> Self {
+        Warehouse { loc }
+    }
+
+    /// URL of a table, e.g. `bronze/orders`.
+    pub fn table_url(&self, rel: &str) -> Result<Url> {
+        self.loc.child_url(rel)
+    }
+
+    /// Open a table; None when nothing has been committed there yet.
+    pub async fn open(&self, rel: &str) -> Result<Option<DeltaTable>> {
+        let url = self.table_url(rel)?;
+        if let Some(dir) = &self.loc.local_dir {
+            if !dir.join(rel).join("_delta_log").is_dir() {
+                return Ok(None);
+            }
+        }
+        let mut table = DeltaTableBuilder::from_url(url.clone())
+            .map_err(|e| Error::delta(url.as_str(), e))?
+            .with_storage_options(self.options())
+            .build()
+            .map_err(|e| Error::delta(url.as_str(), e))?;
+        match table.load().await {
+            Ok(()) => Ok(Some(table)),
+            Err(deltalake::DeltaTableError::NotATable(_)) => Ok(None),
+            Err(e) => Err(Error::delta(url.as_str(), e)),
+        }
+    }
+
+    fn options(&self) -> HashMap<String, String> {
+        self.loc.options.clone()
+    }
+
+    /// Open a table, creating it empty with `schema` and `partitions` if it does not exist.
+    pub async fn open_or_create(
+        &self,
+        rel: &str,
+        schema: &SchemaRef,
+        partitions: &[&str],
+    ) -> Result<DeltaTable> {
+        if let Some(t) = self.open(rel).await? {
+            return Ok(t);
+        }
+        let url = self.table_url(rel)?;
+        if let Some(dir) = &self.loc.local_dir {
+            std::fs::create_dir_all(dir.join(rel))
+                .map_err(|e| Error::io(dir.join(rel).display().to_string(), e))?;
+        }
+        let st: StructType = schema
+            .as_ref()
+            .try_into_kernel()
+            .map_err(|e| Error::Other(format!("{url}: schema not representable in Delta: {e}")))?;
+        let table = DeltaTableBuilder::from_url(url.clone())
+            .map_err(|e| Error::delta(url.as_str(), e))?
+            .with_storage_options(self.options())
+            .build()
+            .map_err(|e| Error::delta(url.as_str(), e))?;
+        let created = table
+            .create()
+            .with_columns(st.fields().cloned())
+            .with_partition_columns(partitions.iter().map(|s| s.to_string()))
+            .with_save_mode(SaveMode::Ignore)
+            .await;
+        match created {
+            Ok(t) => Ok(t),
+            // Lost a creation race: the other writer's table is just as good.
+            Err(e) => match self.open(rel).await? {
+                Some(t) => Ok(t),
+                None => Err(Error::delta(url.as_str(), e)),
+            },
+        }
+    }
+}
+
+/// The last application-transaction version recorded for `app_id`.
+pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    let snap = table
+        .snapshot()
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    snap.transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))
+}
+
+/// Commit properties carrying an application transaction.
+pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
+    CommitProperties::default().with_application_transaction(Transaction::new(app_id, version))
+}
+
+/// Append batches in one commit carrying `(app_id, version)`. Returns the table after commit.
+pub async fn append(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    partitions: &[&str],
+    app_id: &str,
+    version: i64,
+) -> Result<DeltaTable> {
+    let url = table.table_url().to_string();
+    let mut w = table
+        .write(batches)
+        .with_save_mode(SaveMode::Append)
+        .with_commit_properties(txn_props(app_id, version));
+    if !partitions.is_empty() {
+        w = w.with_partition_columns(partitions.iter().map(|s| s.to_string()));
+    }
+    w.await.map_err(|e| Error::delta(url, e))
+}
+
+/// A DataFusion session with `table` registered under `name`.
+pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionContext> {
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    register(&ctx, table, name).await?;
+    Ok(ctx)
+}
+
+/// Register `table` under `name` in `ctx`.
+pub async fn register(ctx: &SessionContext, table: &DeltaTable, name: &str) -> Result<()> {
+    let url = table.table_url().to_string();
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(&url, e))?;
+    let provider = table
+        .table_provider()
+        .await
+        .map_err(|e| Error::query(format!("open {url}"), e))?;
+    ctx.register_table(name, provider)
+        .map_err(|e| Error::query(format!("register {url}"), e))?;
+    Ok(())
+}
+
+/// Run SQL and collect the result.
+pub async fn sql(ctx: &SessionContext, query: &str) -> Result<Vec<RecordBatch>> {
+    let df = ctx.sql(query).await.map_err(|e| Error::query(query, e))?;
+    df.collect().await.map_err(|e| Error::query(query, e))
+}
+
+/// Number of rows over batches.
+pub fn rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(|b| b.num_rows()).sum()
+}
+
+/// Column `i` of a query result as a Utf8 array (DataFusion may hand back Utf8View).
+pub fn col_str(b: &RecordBatch, i: usize) -> Result<arrow::array::StringArray> {
+    let a = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Utf8)?;
+    a.as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .cloned()
+        .ok_or_else(|| Error::Other(format!("column {i} is not a string column")))
+}
+
+/// Column `i` of a query result as an Int64 array.
+pub fn col_i64(b: &RecordBatch, i: usize) -> Result<arrow::array::Int64Array> {
+    let a = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Int64)?;
+    a.as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .cloned()
+        .ok_or_else(|| Error::Other(format!("column {i} is not an integer column")))
+}

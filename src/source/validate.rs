@@ -1,0 +1,385 @@
+//! Strict per-record validation into Arrow builders.
+//!
+//! Decoders hand over one record at a time as [`Cell`]s (one per schema field); the
+//! [`RowAssembler`] checks types, required fields, enums and timestamp sanity and either
+//! appends the row to its builders or returns the reasons it was rejected. No coercion:
+//! a quoted number is not an integer and `3.0` is not an integer.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, Date32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    TimestampMicrosecondArray, TimestampMicrosecondBuilder,
+};
+use chrono::{DateTime, Utc};
+
+use crate::error::Result;
+use crate::schema::{FieldType, SourceSchema};
+
+/// 2000-01-01T00:00:00Z in microseconds: earlier event times are absurd.
+pub const MIN_EVENT_TS_US: i64 = 946_684_800_000_000;
+/// An event may be at most this far after its file landed (clock skew allowance).
+pub const MAX_AHEAD_OF_LANDING_US: i64 = 86_400_000_000;
+const US_PER_DAY: i64 = 86_400_000_000;
+
+/// One decoded JSON/Parquet value, before validation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell<'a> {
+    /// Field not present in the record.
+    Missing,
+    /// Explicit null.
+    Null,
+    /// A string.
+    Str(Cow<'a, str>),
+    /// An integer that fits in i64.
+    Int(i64),
+    /// An integer outside the i64 range.
+    BigInt,
+    /// A number with a fraction or exponent.
+    Float,
+    /// true/false.
+    Bool,
+    /// An object or array.
+    Nested,
+    /// A timestamp already typed by the file format (Parquet), microseconds UTC.
+    TsMicros(i64),
+}
+
+impl Cell<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            Cell::Missing => "nothing",
+            Cell::Null => "null",
+            Cell::Str(_) => "a string",
+            Cell::Int(_) => "an integer",
+            Cell::BigInt => "an integer out of the 64-bit range",
+            Cell::Float => "a number with a fraction",
+            Cell::Bool => "a boolean",
+            Cell::Nested => "an object or array",
+            Cell::TsMicros(_) => "a timestamp",
+        }
+    }
+}
+
+/// Parse an RFC 3339 timestamp with an offset; returns microseconds since the epoch (UTC).
+pub fn parse_rfc3339_us(s: &str) -> Option<i64> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|d| d.with_timezone(&Utc).timestamp_micros())
+}
+
+enum Col {
+    Str(StringBuilder),
+    Int(Int64Builder),
+    Ts(TimestampMicrosecondBuilder),
+}
+
+/// Per-file context stamped on every row.
+#[derive(Debug, Clone)]
+pub struct FileContext {
+    pub source_file: String,
+    pub partition: String,
+    pub landed_at_us: i64,
+    pub batch_id: i64,
+    pub ingested_at_us: i64,
+}
+
+/// Accumulates valid rows of one file into a bronze-shaped RecordBatch.
+pub struct RowAssembler {
+    schema: Arc<SourceSchema>,
+    cols: Vec<Col>,
+    event_date: Date32Builder,
+    lines: Int64Builder,
+    ts_index: usize,
+    rows: usize,
+    reasons: Vec<String>,
+    values_us: Vec<Option<i64>>,
+}
+
+impl RowAssembler {
+    /// New assembler for a source schema.
+    pub fn new(schema: Arc<SourceSchema>) -> Self {
+        let cols = schema
+            .fields
+            .iter()
+            .map(|f| match f.ty {
+                FieldType::String => Col::Str(StringBuilder::new()),
+                FieldType::Int64 => Col::Int(Int64Builder::new()),
+                FieldType::Timestamp => Col::Ts(TimestampMicrosecondBuilder::new()),
+            })
+            .collect();
+        let ts_index = schema.event_ts_index();
+        let n = schema.fields.len();
+        RowAssembler {
+            schema,
+            cols,
+            event_date: Date32Builder::new(),
+            lines: Int64Builder::new(),
+            ts_index,
+            rows: 0,
+            reasons: Vec::new(),
+            values_us: vec![None; n],
+        }
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Arc<SourceSchema> {
+        &self.schema
+    }
+
+    /// Rows accepted so far.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// True when no row was accepted.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Validate one record; append it, or return why it was rejected.
+    pub fn push(
+        &mut self,
+        cells: &[Cell<'_>],
+        line: i64,
+        landed_at_us: i64,
+    ) -> std::result::Result<(), String> {
+        self.reasons.clear();
+        // First pass: check everything, remembering parsed timestamps.
+        let schema = self.schema.clone();
+        for (i, f) in schema.fields.iter().enumerate() {
+            let cell = cells.get(i).unwrap_or(&Cell::Missing);
+            self.values_us[i] = None;
+            match cell {
+                Cell::Missing | Cell::Null => {
+                    if !f.nullable {
+                        self.reasons.push(if matches!(cell, Cell::Missing) {
+                            format!("missing required field `{}`", f.name)
+                        } else {
+                            format!("field `{}` is null but required", f.name)
+                        });
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            match (f.ty, cell) {
+                (FieldType::String, Cell::Str(s)) => {
+                    if let Some(allowed) = &f.enum_values {
+                        if !allowed.iter().any(|a| a == s.as_ref()) {
+                            self.reasons.push(format!(
+                                "field `{}`: unknown value {:?} (expected one of {})",
+                                f.name,
+                                s,
+                                allowed.join(", ")
+                            ));
+                        }
+                    }
+                }
+                (FieldType::Int64, Cell::Int(_)) => {}
+                (FieldType::Timestamp, Cell::Str(s)) => match parse_rfc3339_us(s) {
+                    Some(us) => self.check_ts(i, us, landed_at_us),
+                    None => self.reasons.push(format!(
+                        "field `{}`: {:?} is not an RFC 3339 timestamp with an offset",
+                        f.name, s
+                    )),
+                },
+                (FieldType::Timestamp, Cell::Int(ms)) => match ms.checked_mul(1000) {
+                    Some(us) => self.check_ts(i, us, landed_at_us),
+                    None => self.reasons.push(format!(
+                        "field `{}`: epoch milliseconds {ms} out of range",
+                        f.name
+                    )),
+                },
+                (FieldType::Timestamp, Cell::TsMicros(us)) => self.check_ts(i, *us, landed_at_us),
+                (ty, other) => {
+                    let expected = match ty {
+                        FieldType::String => "a string",
+                        FieldType::Int64 => "an integer",
+                        FieldType::Timestamp => "an RFC 3339 string or epoch milliseconds",
+                    };
+                    self.reasons.push(format!(
+                        "field `{}`: expected {expected}, got {}",
+                        f.name,
+                        other.kind()
+                    ));
+                }
+            }
+        }
+        if !self.reasons.is_empty() {
+            return Err(self.reasons.join("; "));
+        }
+        // Second pass: append.
+        for (i, col) in self.cols.iter_mut().enumerate() {
+            let cell = cells.get(i).unwrap_or(&Cell::Missing);
+            match col {
+                Col::Str(b) => match cell {
+                    Cell::Str(s) => b.append_value(s),
+                    _ => b.append_null(),
+                },
+                Col::Int(b) => match cell {
+                    Cell::Int(v) => b.append_value(*v),
+                    _ => b.append_null(),
+                },
+                Col::Ts(b) => b.append_option(self.values_us[i]),
+            }
+        }
+        let ts = self.values_us[self.ts_index].unwrap_or_default();
+        self.event_date
+            .append_value(ts.div_euclid(US_PER_DAY) as i32);
+        self.lines.append_value(line);
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn check_ts(&mut self, i: usize, us: i64, landed_at_us: i64) {
+        let schema = self.schema.clone();
+        let name = &schema.fields[i].name;
+        if us < MIN_EVENT_TS_US {
+            self.reasons.push(format!(
+                "field `{name}`: {} is before 2000-01-01",
+                fmt_us(us)
+            ));
+        } else if us > landed_at_us.saturating_add(MAX_AHEAD_OF_LANDING_US) {
+            self.reasons.push(format!(
+                "field `{name}`: {} is more than a day after the file landed ({})",
+                fmt_us(us),
+                fmt_us(landed_at_us)
+            ));
+        } else {
+            self.values_us[i] = Some(us);
+        }
+    }
+
+    /// Finish into a bronze-shaped batch (None when no row was accepted).
+    pub fn finish(&mut self, ctx: &FileContext) -> Result<Option<RecordBatch>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        let n = self.rows;
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.cols.len() + 7);
+        for col in &mut self.cols {
+            arrays.push(match col {
+                Col::Str(b) => Arc::new(b.finish()),
+                Col::Int(b) => Arc::new(b.finish()),
+                Col::Ts(b) => Arc::new(b.finish().with_timezone("UTC")),
+            });
+        }
+        arrays.push(Arc::new(self.event_date.finish()));
+        arrays.push(Arc::new(StringArray::from(vec![ctx.partition.as_str(); n])));
+        arrays.push(Arc::new(
+            TimestampMicrosecondArray::from(vec![ctx.landed_at_us; n]).with_timezone("UTC"),
+        ));
+        arrays.push(Arc::new(StringArray::from(vec![
+            ctx.source_file.as_str();
+            n
+        ])));
+        arrays.push(Arc::new(self.lines.finish()));
+        arrays.push(Arc::new(Int64Array::from(vec![ctx.batch_id; n])));
+        arrays.push(Arc::new(
+            TimestampMicrosecondArray::from(vec![ctx.ingested_at_us; n]).with_timezone("UTC"),
+        ));
+        self.rows = 0;
+        Ok(Some(RecordBatch::try_new(
+            self.schema.bronze.clone(),
+            arrays,
+        )?))
+    }
+}
+
+/// Format microseconds as RFC 3339 (for messages).
+pub fn fmt_us(us: i64) -> String {
+    DateTime::from_timestamp_micros(us)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| format!("{us}µs"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::load_all;
+
+    fn asm(src: &str) -> RowAssembler {
+        let all = load_all(std::path::Path::new("/none")).unwrap();
+        RowAssembler::new(all[src].clone())
+    }
+
+    const LANDED: i64 = 1_764_000_000_000_000;
+
+    #[test]
+    fn accepts_valid_and_rejects_with_reasons() {
+        let mut a = asm("payments");
+        let ok = [
+            Cell::Str("e1".into()),
+            Cell::Str("2025-11-24T15:59:00+01:00".into()),
+            Cell::Str("p1".into()),
+            Cell::Str("o1".into()),
+            Cell::Int(500),
+            Cell::Str("captured".into()),
+        ];
+        a.push(&ok, 1, LANDED).unwrap();
+        let mut bad = ok.clone();
+        bad[4] = Cell::Str("3".into());
+        bad[5] = Cell::Str("pending".into());
+        let e = a.push(&bad, 2, LANDED).unwrap_err();
+        assert!(
+            e.contains("`amount_cents`: expected an integer, got a string"),
+            "{e}"
+        );
+        assert!(e.contains("unknown value \"pending\""), "{e}");
+        let mut bad = ok.clone();
+        bad[4] = Cell::Float;
+        assert!(a.push(&bad, 3, LANDED).unwrap_err().contains("fraction"));
+        let mut bad = ok.clone();
+        bad[0] = Cell::Missing;
+        assert!(a
+            .push(&bad, 4, LANDED)
+            .unwrap_err()
+            .contains("missing required field `event_id`"));
+        let mut bad = ok.clone();
+        bad[1] = Cell::Int(100);
+        assert!(a.push(&bad, 5, LANDED).unwrap_err().contains("before 2000"));
+        let mut bad = ok.clone();
+        bad[1] = Cell::Int(LANDED / 1000 + 86_400_001);
+        assert!(a
+            .push(&bad, 6, LANDED)
+            .unwrap_err()
+            .contains("more than a day after"));
+        let mut bad = ok.clone();
+        bad[1] = Cell::Str("2025-11-24 15:59:00".into());
+        assert!(a.push(&bad, 7, LANDED).unwrap_err().contains("RFC 3339"));
+        assert_eq!(a.len(), 1);
+        let ctx = FileContext {
+            source_file: "payments/x.ndjson".into(),
+            partition: "default".into(),
+            landed_at_us: LANDED,
+            batch_id: 7,
+            ingested_at_us: LANDED,
+        };
+        let b = a.finish(&ctx).unwrap().unwrap();
+        assert_eq!(b.num_rows(), 1);
+        let ts = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .unwrap();
+        // normalised to UTC
+        assert_eq!(fmt_us(ts.value(0)), "2025-11-24T14:59:00Z");
+    }
+
+    #[test]
+    fn nullable_fields_may_be_absent() {
+        let mut a = asm("clickstream");
+        let row = [
+            Cell::Str("e1".into()),
+            Cell::Int(LANDED / 1000),
+            Cell::Str("anon".into()),
+            Cell::Str("page_view".into()),
+            Cell::Missing,
+            Cell::Null,
+        ];
+        a.push(&row, 1, LANDED).unwrap();
+        assert_eq!(a.len(), 1);
+    }
+}

@@ -1,0 +1,186 @@
+//! Locations (landing zone, warehouse) as object stores: a local path (the embedded
+//! default) or `s3://bucket/prefix` with `AWS_*` environment variables and `[storage]`
+//! options.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjPath;
+use object_store::ObjectStore;
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// A resolved location: an object store plus the prefix inside it.
+#[derive(Clone)]
+pub struct Location {
+    /// Canonical URL (directory URLs end with `/`).
+    pub url: Url,
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// Prefix inside the store (empty for a local directory, which is the store's root).
+    pub prefix: ObjPath,
+    /// For local locations: the directory (used for pruned listing).
+    pub local_dir: Option<PathBuf>,
+    /// Storage options, passed on to delta-rs for tables under this location.
+    pub options: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Location")
+            .field("url", &self.url.as_str())
+            .finish()
+    }
+}
+
+/// Turn a config value (path or URL) into a directory URL. `create`: make a local dir.
+pub fn to_url(s: &str, create: bool) -> Result<Url> {
+    let bad = |reason: String| Error::Location {
+        url: s.to_string(),
+        reason,
+    };
+    let mut url = if s.contains("://") {
+        Url::parse(s).map_err(|e| bad(e.to_string()))?
+    } else {
+        let p = PathBuf::from(s);
+        if create {
+            std::fs::create_dir_all(&p)
+                .map_err(|e| bad(format!("cannot create directory: {e}")))?;
+        }
+        let abs = if p.is_absolute() {
+            p
+        } else {
+            std::env::current_dir()
+                .map_err(|e| bad(e.to_string()))?
+                .join(p)
+        };
+        let abs = normalize(&abs);
+        Url::from_directory_path(&abs).map_err(|_| bad("not an absolute path".into()))?
+    };
+    if !url.path().ends_with('/') {
+        let p = format!("{}/", url.path());
+        url.set_path(&p);
+    }
+    Ok(url)
+}
+
+fn normalize(p: &std::path::Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+impl Location {
+    /// Open a location. `create`: create a local directory if missing (warehouse).
+    pub fn open(s: &str, options: &BTreeMap<String, String>, create: bool) -> Result<Self> {
+        let url = to_url(s, create)?;
+        let options: HashMap<String, String> = options
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let bad = |reason: String| Error::Location {
+            url: url.to_string(),
+            reason,
+        };
+        match url.scheme() {
+            "file" => {
+                let dir = url
+                    .to_file_path()
+                    .map_err(|_| bad("not a local path".into()))?;
+                if !dir.is_dir() {
+                    return Err(bad("directory does not exist or is not readable".into()));
+                }
+                let store =
+                    LocalFileSystem::new_with_prefix(&dir).map_err(|e| bad(e.to_string()))?;
+                Ok(Location {
+                    url,
+                    store: Arc::new(store),
+                    prefix: ObjPath::default(),
+                    local_dir: Some(dir),
+                    options,
+                })
+            }
+            "s3" | "s3a" => {
+                let bucket = url
+                    .host_str()
+                    .ok_or_else(|| bad("missing bucket name".into()))?
+                    .to_string();
+                let mut b = AmazonS3Builder::from_env().with_bucket_name(&bucket);
+                for (k, v) in &options {
+                    let key = k
+                        .to_ascii_lowercase()
+                        .parse()
+                        .map_err(|e| bad(format!("unknown storage option `{k}`: {e}")))?;
+                    b = b.with_config(key, v);
+                }
+                let store = b.build().map_err(|e| bad(e.to_string()))?;
+                let prefix = ObjPath::from(url.path().trim_matches('/'));
+                Ok(Location {
+                    url,
+                    store: Arc::new(store),
+                    prefix,
+                    local_dir: None,
+                    options,
+                })
+            }
+            "memory" => Ok(Location {
+                url,
+                store: Arc::new(InMemory::new()),
+                prefix: ObjPath::default(),
+                local_dir: None,
+                options,
+            }),
+            other => Err(bad(format!("unsupported scheme `{other}`"))),
+        }
+    }
+
+    /// Object path of a key relative to this location.
+    pub fn path(&self, rel: &str) -> ObjPath {
+        let rel = rel.trim_matches('/');
+        if self.prefix.as_ref().is_empty() {
+            ObjPath::from(rel)
+        } else {
+            ObjPath::from(format!("{}/{rel}", self.prefix.as_ref()))
+        }
+    }
+
+    /// Key relative to this location of an object path (inverse of [`Location::path`]).
+    pub fn relative(&self, p: &ObjPath) -> String {
+        let s = p.as_ref();
+        let pre = self.prefix.as_ref();
+        if pre.is_empty() {
+            s.to_string()
+        } else {
+            s.strip_prefix(pre)
+                .map(|r| r.trim_start_matches('/').to_string())
+                .unwrap_or_else(|| s.to_string())
+        }
+    }
+
+    /// URL of a sub-directory (e.g. a Delta table under the warehouse).
+    pub fn child_url(&self, rel: &str) -> Result<Url> {
+        let rel = format!("{}/", rel.trim_matches('/'));
+        self.url.join(&rel).map_err(|e| Error::Location {
+            url: format!("{}{rel}", self.url),
+            reason: e.to_string(),
+        })
+    }
+
+    /// A display string for a relative key.
+    pub fn display(&self, rel: &str) -> String {
+        format!("{}{}", self.url, rel.trim_start_matches('/'))
+    }
+}

@@ -1,0 +1,60 @@
+"""Read kestrel's Delta tables with three independent readers and print what they see.
+
+usage: read_tables.py WAREHOUSE TABLE [TABLE ...]
+Prints JSON: {table: {reader: {rows, distinct_event_ids?, min_event_ts?, dates?}}}.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import deltalake
+import duckdb
+import duckdb_extensions
+import polars as pl
+
+
+def main():
+    wh = sys.argv[1]
+    tables = sys.argv[2:]
+    ext_dir = os.environ.get("KESTREL_DUCKDB_EXT_DIR") or tempfile.mkdtemp(prefix="duckdb-ext-")
+    con = duckdb.connect(config={"extension_directory": ext_dir})
+    duckdb_extensions.import_extension("delta", con=con)
+    con.execute("LOAD delta")
+    out = {}
+    for t in tables:
+        path = os.path.join(wh, t)
+        res = {}
+        # delta-rs (Python)
+        at = deltalake.DeltaTable(path).to_pyarrow_table()
+        dl = pl.from_arrow(at)
+        res["deltalake"] = summarize_polars(dl)
+        # polars' own Delta reader
+        res["polars"] = summarize_polars(pl.read_delta(path))
+        # DuckDB delta extension (delta-kernel)
+        rows = con.execute(f"SELECT count(*) FROM delta_scan('{path}')").fetchone()[0]
+        d = {"rows": rows}
+        cols = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{path}')").fetchall()]
+        if "event_id" in cols:
+            n, m, dates = con.execute(
+                f"SELECT count(DISTINCT event_id), strftime(min(event_ts) AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S.%f'), "
+                f"count(DISTINCT event_date) FROM delta_scan('{path}')"
+            ).fetchone()
+            d.update({"distinct_event_ids": n, "min_event_ts": m, "dates": dates})
+        res["duckdb"] = d
+        out[t] = res
+    print(json.dumps(out))
+
+
+def summarize_polars(df):
+    d = {"rows": df.height}
+    if "event_id" in df.columns:
+        d["distinct_event_ids"] = df["event_id"].n_unique()
+        m = df["event_ts"].dt.convert_time_zone("UTC").min()
+        d["min_event_ts"] = m.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        d["dates"] = df["event_date"].n_unique()
+    return d
+
+
+if __name__ == "__main__":
+    main()

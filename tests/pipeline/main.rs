@@ -1,0 +1,5 @@
+//! Integration tests: one test binary (every test binary links all of DataFusion).
+//! They drive the real `kestrel` binary against real Delta tables in temp directories.
+
+mod common;
+mod ingest;
