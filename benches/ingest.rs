@@ -4,8 +4,9 @@
 //! then measures side by side in one run:
 //! - raw decode: arrow-json decoding the same files into RecordBatches (the ceiling);
 //! - kestrel ingestion: discovery, plan, strict decode + validation, dedup, bronze
-//!   Delta commit, quarantine, ledger and run log;
-//! and prints events/s, MB/s, peak memory of each phase, and their ratio. Then it
+//!   Delta commit, quarantine, ledger and run log.
+//!
+//! It prints events/s, MB/s, peak memory of each phase, and their ratio. Then it
 //! measures discovery cost against landing-zone size: listing one new file after the
 //! cursor vs a full listing, with 1k and 20k files already landed.
 
