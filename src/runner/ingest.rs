@@ -18,11 +18,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StringArray};
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Date32Type, Field, Schema};
 use chrono::Utc;
 use datafusion::datasource::MemTable;
+use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::ObjectStoreExt;
 use tracing::{info, warn};
@@ -307,11 +308,12 @@ impl Ingestor {
 
         // 2. decode + validate
         let bar = progress(plan.files.len() as u64, &format!("{source} batch {n}"));
+        let decoded = self.decode_all(plan, schema, ingested_at, &bar).await?;
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut quarantine = QuarantineBuilder::default();
         let mut outcomes = Vec::with_capacity(plan.files.len());
         let (mut rows_in, mut files_rejected, mut files_changed) = (0i64, 0i64, 0i64);
-        for pf in &plan.files {
+        for (pf, decoded) in plan.files.iter().zip(decoded) {
             let f = &pf.file;
             let outcome = match &pf.action {
                 FileAction::Changed { previous_size, .. } => {
@@ -327,17 +329,9 @@ impl Ingestor {
                     }
                 }
                 FileAction::Ingest => {
-                    let ctx = FileContext {
-                        source_file: f.path.clone(),
-                        partition: f.partition.clone(),
-                        landed_at_us: f.landed_at_us,
-                        batch_id: n,
-                        ingested_at_us: ingested_at,
-                    };
-                    let decoded = match self.read_landed(f).await? {
-                        Ok(bytes) => decode_file(bytes, f.format, schema, &ctx)?,
-                        Err(reason) => Decoded::FileRejected { reason },
-                    };
+                    let decoded = decoded.unwrap_or_else(|| Decoded::FileRejected {
+                        reason: "file was not decoded".into(),
+                    });
                     match decoded {
                         Decoded::Rows {
                             batch,
@@ -391,10 +385,10 @@ impl Ingestor {
                 }
             };
             outcomes.push(outcome);
-            bar.inc(1);
         }
         bar.finish_and_clear();
         fault::point("after_decode");
+        let decode_ms = timer.elapsed().as_millis() as u64;
 
         // dedup, then 3. bronze
         let bronze = self
@@ -402,7 +396,10 @@ impl Ingestor {
             .open_or_create(&bronze_path(source), &schema.bronze, &[EVENT_DATE])
             .await?;
         let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
+        let t_dedup = Instant::now();
         let deduped = dedup(batches, &bronze, schema, n).await?;
+        let dedup_ms = t_dedup.elapsed().as_millis() as u64;
+        let t_bronze = Instant::now();
         let rows_written: i64 = deduped.iter().map(|b| b.num_rows() as i64).sum();
         let duplicates = valid - rows_written;
         let mut bronze_version = None;
@@ -414,10 +411,13 @@ impl Ingestor {
                 "bronze already holds this batch (replay)"
             );
         } else if rows_written > 0 {
-            let t = delta::append(bronze, deduped, &[EVENT_DATE], &app, n).await?;
+            let props = delta::writer_properties(&["event_id", "_source_line"]);
+            let t =
+                delta::append_with(bronze, deduped, &[EVENT_DATE], &app, n, Some(props)).await?;
             bronze_version = t.version().map(|v| v as i64);
         }
         fault::point("after_bronze");
+        let bronze_ms = t_bronze.elapsed().as_millis() as u64;
 
         let quarantined = quarantine.len() as i64;
         if let Some(qb) = quarantine.finish()? {
@@ -491,9 +491,60 @@ impl Ingestor {
             rows_written,
             duplicates,
             quarantined,
+            decode_ms,
+            dedup_ms,
+            bronze_ms,
+            total_ms = timer.elapsed().as_millis() as u64,
             "batch committed"
         );
         Ok(entry)
+    }
+
+    /// Read and decode the planned files, on as many threads as there are cores, keeping
+    /// plan order. `None` for files that are not read (changed files).
+    async fn decode_all(
+        &self,
+        plan: &Plan,
+        schema: &Arc<SourceSchema>,
+        ingested_at: i64,
+        bar: &ProgressBar,
+    ) -> Result<Vec<Option<Decoded>>> {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        let jobs = plan.files.iter().map(|pf| {
+            let schema = schema.clone();
+            let bar = bar.clone();
+            async move {
+                if pf.action != FileAction::Ingest {
+                    bar.inc(1);
+                    return Ok(None);
+                }
+                let f = &pf.file;
+                let ctx = FileContext {
+                    source_file: f.path.clone(),
+                    partition: f.partition.clone(),
+                    landed_at_us: f.landed_at_us,
+                    batch_id: plan.batch_id,
+                    ingested_at_us: ingested_at,
+                };
+                let format = f.format;
+                let decoded = match self.read_landed(f).await? {
+                    Ok(bytes) => tokio::task::spawn_blocking(move || {
+                        decode_file(bytes, format, &schema, &ctx)
+                    })
+                    .await
+                    .map_err(|e| Error::Other(format!("decoder for {}: {e}", pf.file.path)))??,
+                    Err(reason) => Decoded::FileRejected { reason },
+                };
+                bar.inc(1);
+                Ok::<_, Error>(Some(decoded))
+            }
+        });
+        futures::stream::iter(jobs)
+            .buffered(threads.max(1))
+            .try_collect()
+            .await
     }
 
     /// Read a planned file; Err(reason) when it is gone or no longer what was planned.
@@ -552,17 +603,14 @@ async fn dedup(
     let id_idx = schema.event_id_index();
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut dates = BTreeSet::new();
-    let mut ids: Vec<String> = Vec::new();
     for b in &batches {
         let d = b.column(date_idx).as_primitive::<Date32Type>();
         dates.extend(d.values().iter().copied());
-        let id = b.column(id_idx).as_string::<i32>();
-        ids.extend(id.iter().flatten().map(str::to_string));
     }
-    if ids.is_empty() {
+    if batches.iter().all(|b| b.num_rows() == 0) {
         return Ok(Vec::new());
     }
-    let mut existing: HashSet<String> = HashSet::new();
+    let mut existing: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
     if bronze.version().unwrap_or(0) > 0 {
         let ctx = delta::session_with(bronze, "bronze").await?;
         let incoming = Arc::new(Schema::new(vec![Field::new(
@@ -570,7 +618,20 @@ async fn dedup(
             DataType::Utf8,
             false,
         )]));
-        let ids_arr: Arc<dyn Array> = Arc::new(StringArray::from(ids));
+        let id_cols: Vec<&dyn Array> = batches.iter().map(|b| b.column(id_idx).as_ref()).collect();
+        let ids_arr: Arc<dyn Array> = arrow::compute::concat(&id_cols)?;
+        // The id range lets Parquet statistics skip files and row groups that cannot hold
+        // a duplicate (effective when ids are time-ordered: ULIDs, snowflakes, counters).
+        let ids_str = ids_arr
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .ok_or_else(|| Error::Other("event_id column is not Utf8".into()))?;
+        let min = arrow::compute::min_string(ids_str)
+            .unwrap_or_default()
+            .replace('\'', "''");
+        let max = arrow::compute::max_string(ids_str)
+            .unwrap_or_default()
+            .replace('\'', "''");
         let mem = MemTable::try_new(
             incoming.clone(),
             vec![vec![RecordBatch::try_new(incoming, vec![ids_arr])?]],
@@ -586,6 +647,7 @@ async fn dedup(
         let q = format!(
             "SELECT DISTINCT CAST(b.event_id AS VARCHAR) AS event_id FROM bronze b \
              WHERE b.{EVENT_DATE} IN ({date_list}) AND b._batch_id <> {n} \
+             AND b.event_id BETWEEN '{min}' AND '{max}' \
              AND b.event_id IN (SELECT event_id FROM incoming)"
         );
         for r in delta::sql(&ctx, &q).await? {
@@ -593,7 +655,9 @@ async fn dedup(
             existing.extend(col.iter().flatten().map(str::to_string));
         }
     }
-    let mut seen: HashSet<&str> = HashSet::new();
+    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let mut seen: HashSet<&str, foldhash::fast::RandomState> =
+        HashSet::with_capacity_and_hasher(total, Default::default());
     let mut masks = Vec::with_capacity(batches.len());
     for b in &batches {
         let id = b.column(id_idx).as_string::<i32>();
@@ -604,8 +668,12 @@ async fn dedup(
         masks.push(mask);
     }
     let mut out = Vec::with_capacity(batches.len());
-    for (b, m) in batches.iter().zip(&masks) {
-        let f = filter_record_batch(b, m)?;
+    for (b, m) in batches.into_iter().zip(&masks) {
+        if m.true_count() == b.num_rows() {
+            out.push(b);
+            continue;
+        }
+        let f = filter_record_batch(&b, m)?;
         if f.num_rows() > 0 {
             out.push(f);
         }

@@ -7,6 +7,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{StructType, Transaction};
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use std::collections::HashMap;
@@ -112,6 +115,16 @@ pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
     CommitProperties::default().with_application_transaction(Transaction::new(app_id, version))
 }
 
+/// Parquet writer settings: snappy, and no dictionary for the named columns (unique
+/// values such as event ids only pay for a dictionary that is then abandoned).
+pub fn writer_properties(no_dictionary: &[&str]) -> WriterProperties {
+    let mut b = WriterProperties::builder().set_compression(Compression::SNAPPY);
+    for c in no_dictionary {
+        b = b.set_column_dictionary_enabled(ColumnPath::from(*c), false);
+    }
+    b.build()
+}
+
 /// Append batches in one commit carrying `(app_id, version)`. Returns the table after commit.
 pub async fn append(
     table: DeltaTable,
@@ -120,11 +133,26 @@ pub async fn append(
     app_id: &str,
     version: i64,
 ) -> Result<DeltaTable> {
+    append_with(table, batches, partitions, app_id, version, None).await
+}
+
+/// [`append`] with explicit Parquet writer properties.
+pub async fn append_with(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    partitions: &[&str],
+    app_id: &str,
+    version: i64,
+    props: Option<WriterProperties>,
+) -> Result<DeltaTable> {
     let url = table.table_url().to_string();
     let mut w = table
         .write(batches)
         .with_save_mode(SaveMode::Append)
         .with_commit_properties(txn_props(app_id, version));
+    if let Some(p) = props {
+        w = w.with_writer_properties(p);
+    }
     if !partitions.is_empty() {
         w = w.with_partition_columns(partitions.iter().map(|s| s.to_string()));
     }

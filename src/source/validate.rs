@@ -64,9 +64,109 @@ impl Cell<'_> {
 
 /// Parse an RFC 3339 timestamp with an offset; returns microseconds since the epoch (UTC).
 pub fn parse_rfc3339_us(s: &str) -> Option<i64> {
-    DateTime::parse_from_rfc3339(s)
-        .ok()
-        .map(|d| d.with_timezone(&Utc).timestamp_micros())
+    fast_rfc3339_us(s.as_bytes()).or_else(|| {
+        DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(|d| d.with_timezone(&Utc).timestamp_micros())
+    })
+}
+
+/// Fast path for the common shape `YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|±HH:MM)`; None for
+/// anything else (which then goes through chrono's full RFC 3339 parser).
+fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
+    fn num(b: &[u8]) -> Option<i64> {
+        let mut v = 0i64;
+        for &c in b {
+            if !c.is_ascii_digit() {
+                return None;
+            }
+            v = v * 10 + i64::from(c - b'0');
+        }
+        Some(v)
+    }
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (y, mo, d) = (num(&b[0..4])?, num(&b[5..7])?, num(&b[8..10])?);
+    let (h, mi, sec) = (num(&b[11..13])?, num(&b[14..16])?, num(&b[17..19])?);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let mdays = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&mo)
+        || d < 1
+        || d > mdays[(mo - 1) as usize]
+        || h > 23
+        || mi > 59
+        || sec > 59
+    {
+        return None;
+    }
+    let mut i = 19;
+    let mut frac_us = 0i64;
+    if b[i] == b'.' {
+        let start = i + 1;
+        i = start;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let digits = &b[start..i];
+        if digits.is_empty() || digits.len() > 9 {
+            return None;
+        }
+        let mut v = num(digits)?;
+        for _ in digits.len()..6 {
+            v *= 10;
+        }
+        for _ in 6..digits.len() {
+            v /= 10;
+        }
+        frac_us = v;
+    }
+    let offset_s = match &b[i..] {
+        [b'Z'] => 0,
+        [sign @ (b'+' | b'-'), oh1, oh2, b':', om1, om2] => {
+            let oh = num(&[*oh1, *oh2])?;
+            let om = num(&[*om1, *om2])?;
+            if oh > 23 || om > 59 {
+                return None;
+            }
+            let o = oh * 3600 + om * 60;
+            if *sign == b'-' {
+                -o
+            } else {
+                o
+            }
+        }
+        _ => return None,
+    };
+    // days from civil (proleptic Gregorian), Howard Hinnant's algorithm
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    Some(secs * 1_000_000 + frac_us)
 }
 
 enum Col {
@@ -366,6 +466,46 @@ mod tests {
             .unwrap();
         // normalised to UTC
         assert_eq!(fmt_us(ts.value(0)), "2025-11-24T14:59:00Z");
+    }
+
+    #[test]
+    fn fast_timestamp_path_agrees_with_chrono() {
+        let chrono_us = |s: &str| {
+            DateTime::parse_from_rfc3339(s)
+                .ok()
+                .map(|d| d.timestamp_micros())
+        };
+        for s in [
+            "2025-11-24T15:59:00Z",
+            "2025-11-24T15:59:00.1Z",
+            "2025-11-24T15:59:00.123456789+01:00",
+            "2024-02-29T23:59:59.999-05:30",
+            "2000-01-01T00:00:00Z",
+            "1969-12-31T23:59:59.5Z",
+            "2100-03-01T00:00:00+14:00",
+        ] {
+            assert_eq!(fast_rfc3339_us(s.as_bytes()), chrono_us(s), "{s}");
+        }
+        for s in [
+            "2025-02-29T00:00:00Z",
+            "2025-11-24T24:00:00Z",
+            "2025-11-24T15:59:00",
+            "2025-11-24 15:59:00Z",
+            "2025-11-24T15:59:00.Z",
+        ] {
+            assert_eq!(fast_rfc3339_us(s.as_bytes()), None, "{s}");
+        }
+        // shapes outside the fast path still parse through chrono
+        assert_eq!(
+            parse_rfc3339_us("2025-11-24t15:59:00z"),
+            chrono_us("2025-11-24T15:59:00Z")
+        );
+        let mut us = 946_684_800_000_000i64;
+        for _ in 0..2000 {
+            us += 7_777_777_777_777 % 9_999_999_999;
+            let s = fmt_us(us);
+            assert_eq!(fast_rfc3339_us(s.as_bytes()), Some(us), "{s}");
+        }
     }
 
     #[test]
