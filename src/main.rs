@@ -56,8 +56,8 @@ enum Cmd {
 
 fn init_tracing(verbose: u8) {
     let default = match verbose {
-        0 => "warn,deltalake_core=error,deltalake=error",
-        1 => "info,kestrel=info,deltalake_core=error,datafusion=warn",
+        0 => "warn,deltalake_core=error,deltalake=error,buoyant_kernel=off",
+        1 => "info,kestrel=info,deltalake_core=error,buoyant_kernel=off,datafusion=warn",
         _ => "debug,kestrel=debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

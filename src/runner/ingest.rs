@@ -110,7 +110,15 @@ fn now_us() -> i64 {
 impl Ingestor {
     /// Set up from config: open landing and warehouse, load schemas.
     pub fn new(cfg: Config, opts: IngestOptions) -> Result<Self> {
-        let landing = Location::open(&cfg.landing, &cfg.storage, false)?;
+        let landing = Location::open(&cfg.landing, &cfg.storage, false).map_err(|e| match e {
+            Error::Location { url, reason } if url.starts_with("file:") => Error::Location {
+                url,
+                reason: format!(
+                    "{reason} (the landing zone; `kestrel demo` creates one with sample events)"
+                ),
+            },
+            other => other,
+        })?;
         let wh = Warehouse::new(Location::open(&cfg.warehouse, &cfg.storage, true)?);
         let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
         Ok(Ingestor {
