@@ -6,7 +6,6 @@
 //! Delta's optimistic concurrency and put-if-absent plans stay the last guard.
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -43,7 +42,6 @@ impl Lease {
     /// Try to take lease `name` for `ttl`.
     pub async fn acquire(wh: &Warehouse, name: &str, ttl: std::time::Duration) -> Result<Lease> {
         let key = format!("_kestrel/leases/{name}.json");
-        let path = wh.loc.path(&key);
         let now = Utc::now();
         let body = LeaseBody {
             owner: format!("{}:{}", hostname(), std::process::id()),
@@ -54,59 +52,38 @@ impl Lease {
         };
         let bytes = serde_json::to_vec(&body).map_err(|e| Error::Other(e.to_string()))?;
         for attempt in 0..3 {
-            let opts = PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
-            match wh
-                .loc
-                .store
-                .put_opts(&path, PutPayload::from(bytes.clone()), opts)
-                .await
-            {
-                Ok(_) => {
-                    return Ok(Lease {
-                        wh: wh.clone(),
-                        key,
-                        body,
-                    })
-                }
-                Err(object_store::Error::AlreadyExists { .. }) => {
-                    let current = match wh.loc.store.get(&path).await {
-                        Ok(r) => r
-                            .bytes()
-                            .await
-                            .ok()
-                            .and_then(|b| serde_json::from_slice::<LeaseBody>(&b).ok()),
-                        Err(object_store::Error::NotFound { .. }) => continue,
-                        Err(e) => return Err(Error::storage(wh.loc.display(&key), e)),
-                    };
-                    let stale = match &current {
-                        None => true, // unreadable or half-written: treat as stale
-                        Some(c) => {
-                            c.expires_at < Utc::now()
-                                || (c.host == body.host && c.pid != body.pid && !pid_alive(c.pid))
-                        }
-                    };
-                    if stale && attempt < 2 {
-                        tracing::warn!(lease = name, "taking over a stale lease");
-                        match wh.loc.store.delete(&path).await {
-                            Ok(()) | Err(object_store::Error::NotFound { .. }) => continue,
-                            Err(e) => return Err(Error::storage(wh.loc.display(&key), e)),
-                        }
-                    }
-                    let (owner, until) = current
-                        .map(|c| (c.owner, c.expires_at.to_rfc3339()))
-                        .unwrap_or_else(|| ("unknown".into(), "unknown".into()));
-                    return Err(Error::LeaseHeld {
-                        name: name.to_string(),
-                        owner,
-                        until,
-                        path: wh.loc.display(&key),
-                    });
-                }
-                Err(e) => return Err(Error::storage(wh.loc.display(&key), e)),
+            if wh.loc.put_if_absent(&key, bytes.clone()).await? {
+                return Ok(Lease {
+                    wh: wh.clone(),
+                    key,
+                    body,
+                });
             }
+            let Some(raw) = wh.loc.get_opt(&key).await? else {
+                continue; // released in between: try again
+            };
+            let current = serde_json::from_slice::<LeaseBody>(&raw).ok();
+            let stale = match &current {
+                None => true, // unreadable or half-written: treat as stale
+                Some(c) => {
+                    c.expires_at < Utc::now()
+                        || (c.host == body.host && c.pid != body.pid && !pid_alive(c.pid))
+                }
+            };
+            if stale && attempt < 2 {
+                tracing::warn!(lease = name, "taking over a stale lease");
+                wh.loc.delete_if_exists(&key).await?;
+                continue;
+            }
+            let (owner, until) = current
+                .map(|c| (c.owner, c.expires_at.to_rfc3339()))
+                .unwrap_or_else(|| ("unknown".into(), "unknown".into()));
+            return Err(Error::LeaseHeld {
+                name: name.to_string(),
+                owner,
+                until,
+                path: wh.loc.display(&key),
+            });
         }
         Err(Error::Other(format!(
             "could not take lease {name}: contended"
@@ -115,20 +92,14 @@ impl Lease {
 
     /// Give the lease up.
     pub async fn release(self) -> Result<()> {
-        let path = self.wh.loc.path(&self.key);
         // Only delete it if it is still ours.
-        if let Ok(r) = self.wh.loc.store.get(&path).await {
-            if let Ok(b) = r.bytes().await {
-                if let Ok(c) = serde_json::from_slice::<LeaseBody>(&b) {
-                    if c.owner != self.body.owner || c.acquired_at != self.body.acquired_at {
-                        return Ok(());
-                    }
+        if let Some(raw) = self.wh.loc.get_opt(&self.key).await? {
+            if let Ok(c) = serde_json::from_slice::<LeaseBody>(&raw) {
+                if c.owner != self.body.owner || c.acquired_at != self.body.acquired_at {
+                    return Ok(());
                 }
             }
         }
-        match self.wh.loc.store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(Error::storage(self.wh.loc.display(&self.key), e)),
-        }
+        self.wh.loc.delete_if_exists(&self.key).await
     }
 }

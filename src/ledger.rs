@@ -10,7 +10,6 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{Array, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -64,57 +63,36 @@ fn plan_key(source: &str, batch_id: i64) -> String {
 /// Read a plan; None when it does not exist.
 pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Option<Plan>> {
     let key = plan_key(source, batch_id);
-    let path = wh.loc.path(&key);
-    match wh.loc.store.get(&path).await {
-        Ok(r) => {
-            let bytes = r
-                .bytes()
-                .await
-                .map_err(|e| Error::storage(wh.loc.display(&key), e))?;
-            let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::Plan {
-                path: wh.loc.display(&key),
-                reason: e.to_string(),
-            })?;
-            if plan.batch_id != batch_id || plan.source != source {
-                return Err(Error::Plan {
-                    path: wh.loc.display(&key),
-                    reason: format!("holds batch {} of {}", plan.batch_id, plan.source),
-                });
-            }
-            Ok(Some(plan))
-        }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(Error::storage(wh.loc.display(&key), e)),
+    let Some(bytes) = wh.loc.get_opt(&key).await? else {
+        return Ok(None);
+    };
+    let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::Plan {
+        path: wh.loc.display(&key),
+        reason: e.to_string(),
+    })?;
+    if plan.batch_id != batch_id || plan.source != source {
+        return Err(Error::Plan {
+            path: wh.loc.display(&key),
+            reason: format!("holds batch {} of {}", plan.batch_id, plan.source),
+        });
     }
+    Ok(Some(plan))
 }
 
 /// Write a plan if no plan with that id exists. Returns the plan that is durable
 /// (ours, or the one another writer created first).
 pub async fn write_plan(wh: &Warehouse, plan: &Plan) -> Result<Plan> {
     let key = plan_key(&plan.source, plan.batch_id);
-    let path = wh.loc.path(&key);
     let body = serde_json::to_vec_pretty(plan).map_err(|e| Error::Other(e.to_string()))?;
-    let opts = PutOptions {
-        mode: PutMode::Create,
-        ..Default::default()
-    };
-    match wh
-        .loc
-        .store
-        .put_opts(&path, PutPayload::from(body), opts)
-        .await
-    {
-        Ok(_) => Ok(plan.clone()),
-        Err(object_store::Error::AlreadyExists { .. }) => {
-            read_plan(wh, &plan.source, plan.batch_id)
-                .await?
-                .ok_or_else(|| Error::Plan {
-                    path: wh.loc.display(&key),
-                    reason: "reported as existing but cannot be read".into(),
-                })
-        }
-        Err(e) => Err(Error::storage(wh.loc.display(&key), e)),
+    if wh.loc.put_if_absent(&key, body).await? {
+        return Ok(plan.clone());
     }
+    read_plan(wh, &plan.source, plan.batch_id)
+        .await?
+        .ok_or_else(|| Error::Plan {
+            path: wh.loc.display(&key),
+            reason: "reported as existing but cannot be read".into(),
+        })
 }
 
 /// Schema of the ledger table.

@@ -10,7 +10,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -177,6 +177,45 @@ impl Location {
             url: format!("{}{rel}", self.url),
             reason: e.to_string(),
         })
+    }
+
+    /// Write `bytes` at `rel` only if nothing is there (put-if-absent). Returns false when
+    /// an object already exists.
+    pub async fn put_if_absent(&self, rel: &str, bytes: Vec<u8>) -> Result<bool> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.path(rel), PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(Error::storage(self.display(rel), e)),
+        }
+    }
+
+    /// Read the object at `rel`; None when it does not exist.
+    pub async fn get_opt(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
+        match self.store.get(&self.path(rel)).await {
+            Ok(r) => Ok(Some(
+                r.bytes()
+                    .await
+                    .map_err(|e| Error::storage(self.display(rel), e))?,
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::storage(self.display(rel), e)),
+        }
+    }
+
+    /// Delete the object at `rel`; absent is fine.
+    pub async fn delete_if_exists(&self, rel: &str) -> Result<()> {
+        match self.store.delete(&self.path(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::storage(self.display(rel), e)),
+        }
     }
 
     /// A display string for a relative key.

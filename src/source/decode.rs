@@ -111,6 +111,16 @@ pub fn decode_ndjson(
             });
         }
     }
+    finish(asm, rejects, records, ctx)
+}
+
+/// The outcome of a file read whole: its rows, or an empty-file rejection.
+fn finish(
+    mut asm: RowAssembler,
+    rejects: Vec<Rejected>,
+    records: usize,
+    ctx: &FileContext,
+) -> Result<Decoded> {
     if records == 0 {
         return Ok(Decoded::FileRejected {
             reason: "empty file: no records".into(),
@@ -384,16 +394,7 @@ pub fn decode_parquet(
             }
         }
     }
-    if records == 0 {
-        return Ok(Decoded::FileRejected {
-            reason: "empty file: no records".into(),
-        });
-    }
-    Ok(Decoded::Rows {
-        batch: asm.finish(ctx)?,
-        rejects,
-        records,
-    })
+    finish(asm, rejects, records, ctx)
 }
 
 /// Render a Parquet row as a JSON object for the quarantine's raw text.

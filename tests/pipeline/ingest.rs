@@ -576,3 +576,36 @@ fn python_for_interop() -> Option<String> {
         }
     }
 }
+
+/// Two `kestrel run`s started together on one warehouse: the lease lets one ingest and
+/// turns the other away (or it finds nothing left); bronze holds every event once.
+#[test]
+fn two_concurrent_runs_ingest_each_event_once() {
+    let env = Env::with_config("[ingest]\nmax_files_per_batch = 3\n");
+    land_fixture(&env);
+    let spawn = || {
+        std::process::Command::new(BIN)
+            .arg("--config")
+            .arg(env.path().join("kestrel.toml"))
+            .args(["run", "--source", "orders"])
+            .env_remove("KESTREL_FAULT")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    assert!(codes.contains(&Some(0)), "{codes:?}");
+    for o in &outs {
+        if o.status.code() != Some(0) {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("busy"), "the loser reports the lease: {err}");
+        }
+    }
+    // whatever the interleaving, a final run completes the work and nothing is doubled
+    env.run_ok(&["run", "--source", "orders"], 0);
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 120);
+    assert_eq!(env.count("_kestrel/runs", "SELECT count(*) FROM t"), 2);
+}
