@@ -90,6 +90,25 @@ impl Lease {
         )))
     }
 
+    /// Extend the lease by `ttl` from now (between batches of a long run). Fails if the
+    /// lease is no longer ours: it expired and another process took it.
+    pub async fn renew(&mut self, ttl: std::time::Duration) -> Result<()> {
+        let raw = self.wh.loc.get_opt(&self.key).await?;
+        let ours = raw
+            .and_then(|r| serde_json::from_slice::<LeaseBody>(&r).ok())
+            .is_some_and(|c| c.owner == self.body.owner && c.acquired_at == self.body.acquired_at);
+        if !ours {
+            return Err(Error::Other(format!(
+                "lost lease {}: it expired and was taken over; stopping before the next batch",
+                self.wh.loc.display(&self.key)
+            )));
+        }
+        self.body.expires_at =
+            Utc::now() + ChronoDuration::from_std(ttl).unwrap_or(ChronoDuration::minutes(10));
+        let bytes = serde_json::to_vec(&self.body).map_err(|e| Error::Other(e.to_string()))?;
+        self.wh.loc.put(&self.key, bytes).await
+    }
+
     /// Give the lease up.
     pub async fn release(self) -> Result<()> {
         // Only delete it if it is still ours.

@@ -15,5 +15,6 @@ pub mod schema;
 pub mod sink;
 pub mod source;
 pub mod storage;
+pub mod time;
 
 pub use error::{Error, Result};

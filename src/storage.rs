@@ -197,6 +197,15 @@ impl Location {
         }
     }
 
+    /// Write `bytes` at `rel`, replacing what is there.
+    pub async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        self.store
+            .put(&self.path(rel), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::storage(self.display(rel), e))
+    }
+
     /// Read the object at `rel`; None when it does not exist.
     pub async fn get_opt(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
         match self.store.get(&self.path(rel)).await {

@@ -149,13 +149,13 @@ impl Ingestor {
             .get(source)
             .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))?
             .clone();
-        let lease = Lease::acquire(
+        let mut lease = Lease::acquire(
             &self.wh,
             &format!("ingest-{source}"),
             self.cfg.ingest.lease_ttl,
         )
         .await?;
-        let result = self.ingest_batches(source, &schema).await;
+        let result = self.ingest_batches(source, &schema, &mut lease).await;
         if let Err(e) = lease.release().await {
             warn!(source, error = %e, "could not release lease");
         }
@@ -166,6 +166,7 @@ impl Ingestor {
         &self,
         source: &str,
         schema: &Arc<SourceSchema>,
+        lease: &mut Lease,
     ) -> Result<SourceReport> {
         let mut report = SourceReport {
             source: source.to_string(),
@@ -173,6 +174,9 @@ impl Ingestor {
         };
         let mut full_scan_done = false;
         loop {
+            if !report.batches.is_empty() {
+                lease.renew(self.cfg.ingest.lease_ttl).await?;
+            }
             let last = runlog::last_batch(&self.wh, "ingest", source).await?;
             let n = last + 1;
             let plan = match ledger::read_plan(&self.wh, source, n).await? {
