@@ -13,6 +13,14 @@ const PROCESSING_TIME: &[&str] = &["_ingested_at", "recorded_at", "e_tag"];
 /// A fixture with several files, partitions, duplicates (within and across files) and
 /// bad lines, but no file-level rejects.
 fn land_fixture(env: &Env) {
+    for (name, body, landed) in fixture_files() {
+        env.land(&name, &body, landed);
+    }
+}
+
+/// The fixture's files: (path under the landing zone, bytes, arrival time in seconds).
+pub(crate) fn fixture_files() -> Vec<(String, Vec<u8>, i64)> {
+    let mut out = Vec::new();
     for f in 0..6i64 {
         let mut ls = Vec::new();
         for i in 0..20i64 {
@@ -51,11 +59,12 @@ fn land_fixture(env: &Env) {
         let name = format!("orders/partition={part}/2026-11-20T12{f:02}.ndjson");
         let body = lines(&ls);
         if f == 3 {
-            env.land(&format!("{name}.gz"), &gzip(&body), T0 + f * 60);
+            out.push((format!("{name}.gz"), gzip(&body), T0 + f * 60));
         } else {
-            env.land(&name, &body, T0 + f * 60);
+            out.push((name, body, T0 + f * 60));
         }
     }
+    out
 }
 
 #[test]

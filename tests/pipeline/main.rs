@@ -3,3 +3,4 @@
 
 mod common;
 mod ingest;
+mod s3;

@@ -1,0 +1,188 @@
+//! Ingestion against a real S3-protocol server (moto, started by the test): landing and
+//! warehouse both on `s3://`, exactly-once reruns, and an independent reader.
+
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kestrel::sink::delta::{self, Warehouse};
+use kestrel::storage::Location;
+
+use crate::common::*;
+use crate::ingest::fixture_files;
+
+struct Moto {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start moto on a free loopback port; None (with a message) outside CI when the Python
+/// with moto that `.ci/run` installs is not available.
+fn start_moto() -> Option<Moto> {
+    let python = match std::env::var("KESTREL_PYTHON") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must set KESTREL_PYTHON (see .ci/run)"
+            );
+            eprintln!("KESTREL_PYTHON not set: skipping the S3 test");
+            return None;
+        }
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(&python)
+        .args([
+            "-m",
+            "moto.server",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start moto (pip install 'moto[s3]' flask flask-cors)");
+    let moto = Moto {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "moto did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let script = format!(
+        "import boto3\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\nfor b in ('landing', 'lake'):\n    s3.create_bucket(Bucket=b)\n",
+        moto.endpoint
+    );
+    let out = Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "create buckets: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(moto)
+}
+
+fn options(endpoint: &str) -> BTreeMap<String, String> {
+    [
+        ("aws_endpoint", endpoint),
+        ("aws_access_key_id", "test"),
+        ("aws_secret_access_key", "test"),
+        ("aws_region", "us-east-1"),
+        ("allow_http", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+#[test]
+fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
+    let Some(moto) = start_moto() else { return };
+    let opts = options(&moto.endpoint);
+    let mut storage = String::from("[storage]\n");
+    for (k, v) in &opts {
+        storage.push_str(&format!("{k} = \"{v}\"\n"));
+    }
+    let env = Env::with_config(&storage);
+    let cfg =
+        format!("landing = \"s3://landing/zone\"\nwarehouse = \"s3://lake/warehouse\"\n{storage}");
+    std::fs::write(env.path().join("kestrel.toml"), cfg).unwrap();
+
+    let rt = rt();
+    rt.block_on(async {
+        let landing = Location::open("s3://landing/zone", &opts, false).unwrap();
+        for (name, body, _) in fixture_files() {
+            landing.put(&name, body).await.unwrap();
+        }
+        // an upload in progress is ignored there too
+        landing
+            .put("orders/_partial.ndjson", b"{".to_vec())
+            .await
+            .unwrap();
+    });
+    let out = env.run_ok(&["run", "--source", "orders"], 0);
+    assert!(out.contains("orders"), "{out}");
+    let out = env.run_ok(&["run", "--source", "orders"], 0);
+    assert!(out.contains("nothing new landed"), "{out}");
+
+    let (rows, distinct, quarantined, log) = rt.block_on(async {
+        let wh = Warehouse::new(Location::open("s3://lake/warehouse", &opts, false).unwrap());
+        let bronze = wh
+            .open("bronze/orders")
+            .await
+            .unwrap()
+            .expect("bronze on s3");
+        let ctx = delta::session_with(&bronze, "b").await.unwrap();
+        let n = delta::sql(&ctx, "SELECT count(*), count(DISTINCT event_id) FROM b")
+            .await
+            .unwrap();
+        let q = wh
+            .open("quarantine/orders")
+            .await
+            .unwrap()
+            .expect("quarantine on s3");
+        let qctx = delta::session_with(&q, "q").await.unwrap();
+        let qn = delta::sql(&qctx, "SELECT count(*) FROM q").await.unwrap();
+        let runs = wh
+            .open("_kestrel/runs")
+            .await
+            .unwrap()
+            .expect("run log on s3");
+        let rctx = delta::session_with(&runs, "r").await.unwrap();
+        let r = delta::sql(
+            &rctx,
+            "SELECT sum(files), sum(rows_written), sum(duplicates) FROM r",
+        )
+        .await
+        .unwrap();
+        (
+            delta::col_i64(&n[0], 0).unwrap().value(0),
+            delta::col_i64(&n[0], 1).unwrap().value(0),
+            delta::col_i64(&qn[0], 0).unwrap().value(0),
+            (0..3)
+                .map(|i| delta::col_i64(&r[0], i).unwrap().value(0))
+                .collect::<Vec<_>>(),
+        )
+    });
+    assert_eq!((rows, distinct, quarantined), (120, 120, 6));
+    assert_eq!(log, vec![6, 120, 11]);
+
+    // an independent reader (delta-rs Python) sees the same table on S3
+    let python = std::env::var("KESTREL_PYTHON").unwrap();
+    let script = format!(
+        "import deltalake\nt = deltalake.DeltaTable('s3://lake/warehouse/bronze/orders', storage_options={{'AWS_ENDPOINT_URL': '{}', 'AWS_ACCESS_KEY_ID': 'test', 'AWS_SECRET_ACCESS_KEY': 'test', 'AWS_REGION': 'us-east-1', 'AWS_ALLOW_HTTP': 'true'}})\nprint(t.to_pyarrow_table().num_rows)\n",
+        moto.endpoint
+    );
+    let out = Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "120");
+}
