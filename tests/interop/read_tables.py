@@ -43,7 +43,10 @@ def main():
             d.update({"distinct_event_ids": n, "min_event_ts": m, "dates": dates})
         res["duckdb"] = d
         out[t] = res
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    con.close()
+    # Skip interpreter teardown: native reader threads can abort it after the work is done.
+    os._exit(0)
 
 
 def summarize_polars(df):

@@ -172,7 +172,9 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     // an independent reader (delta-rs Python) sees the same table on S3
     let python = std::env::var("KESTREL_PYTHON").unwrap();
     let script = format!(
-        "import deltalake\nt = deltalake.DeltaTable('s3://lake/warehouse/bronze/orders', storage_options={{'AWS_ENDPOINT_URL': '{}', 'AWS_ACCESS_KEY_ID': 'test', 'AWS_SECRET_ACCESS_KEY': 'test', 'AWS_REGION': 'us-east-1', 'AWS_ALLOW_HTTP': 'true'}})\nprint(t.to_pyarrow_table().num_rows)\n",
+        "import deltalake\nt = deltalake.DeltaTable('s3://lake/warehouse/bronze/orders', storage_options={{'AWS_ENDPOINT_URL': '{}', 'AWS_ACCESS_KEY_ID': 'test', 'AWS_SECRET_ACCESS_KEY': 'test', 'AWS_REGION': 'us-east-1', 'AWS_ALLOW_HTTP': 'true'}})\nprint(t.to_pyarrow_table().num_rows, flush=True)\n\
+         # skip interpreter teardown: delta-rs' S3 client threads can abort it (\"terminate called\")\n\
+         import os\nos._exit(0)\n",
         moto.endpoint
     );
     let out = Command::new(&python)
