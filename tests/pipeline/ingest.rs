@@ -200,6 +200,36 @@ fn parquet_bytes(batch: &RecordBatch) -> Vec<u8> {
     buf
 }
 
+/// An orders Parquet batch with the given ids, quantity column and amounts.
+fn orders_parquet(
+    ids: &[&str],
+    quantity: Field,
+    quantities: arrow::array::ArrayRef,
+    amounts: Vec<Option<i64>>,
+) -> RecordBatch {
+    let n = ids.len();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("event_id", DataType::Utf8, false),
+        Field::new("event_ts", DataType::Int64, false),
+        Field::new("order_id", DataType::Utf8, false),
+        Field::new("sku", DataType::Utf8, false),
+        quantity,
+        Field::new("amount_cents", DataType::Int64, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(ids.to_vec())),
+            Arc::new(Int64Array::from(vec![T0 * 1000; n])),
+            Arc::new(StringArray::from(vec!["o"; n])),
+            Arc::new(StringArray::from(vec!["s"; n])),
+            quantities,
+            Arc::new(Int64Array::from(amounts)),
+        ],
+    )
+    .unwrap()
+}
+
 #[test]
 fn bad_input_is_quarantined_with_reasons_and_nothing_is_lost() {
     let env = Env::new();
@@ -240,48 +270,20 @@ fn bad_input_is_quarantined_with_reasons_and_nothing_is_lost() {
     // empty file
     env.land("orders/c.ndjson", b"", landed + 2);
     // Parquet with the wrong schema (quantity is a string column)
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("event_id", DataType::Utf8, false),
-        Field::new("event_ts", DataType::Int64, false),
-        Field::new("order_id", DataType::Utf8, false),
-        Field::new("sku", DataType::Utf8, false),
+    let b = orders_parquet(
+        &["pq1"],
         Field::new("quantity", DataType::Utf8, false),
-        Field::new("amount_cents", DataType::Int64, false),
-    ]));
-    let b = RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(StringArray::from(vec!["pq1"])),
-            Arc::new(Int64Array::from(vec![T0 * 1000])),
-            Arc::new(StringArray::from(vec!["o"])),
-            Arc::new(StringArray::from(vec!["s"])),
-            Arc::new(StringArray::from(vec!["1"])),
-            Arc::new(Int64Array::from(vec![1])),
-        ],
-    )
-    .unwrap();
+        Arc::new(StringArray::from(vec!["1"])),
+        vec![Some(1)],
+    );
     env.land("orders/d.parquet", &parquet_bytes(&b), landed + 3);
-    // a valid Parquet file
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("event_id", DataType::Utf8, false),
-        Field::new("event_ts", DataType::Int64, false),
-        Field::new("order_id", DataType::Utf8, false),
-        Field::new("sku", DataType::Utf8, false),
+    // a valid Parquet file (Int32 quantity is fine), one row with a null amount
+    let b = orders_parquet(
+        &["pq-ok", "pq-null"],
         Field::new("quantity", DataType::Int32, false),
-        Field::new("amount_cents", DataType::Int64, true),
-    ]));
-    let b = RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(StringArray::from(vec!["pq-ok", "pq-null"])),
-            Arc::new(Int64Array::from(vec![T0 * 1000, T0 * 1000])),
-            Arc::new(StringArray::from(vec!["o", "o"])),
-            Arc::new(StringArray::from(vec!["s", "s"])),
-            Arc::new(arrow::array::Int32Array::from(vec![2, 2])),
-            Arc::new(Int64Array::from(vec![Some(5), None])),
-        ],
-    )
-    .unwrap();
+        Arc::new(arrow::array::Int32Array::from(vec![2, 2])),
+        vec![Some(5), None],
+    );
     env.land("orders/e.parquet", &parquet_bytes(&b), landed + 4);
     // uploads in progress are ignored
     std::fs::write(

@@ -72,16 +72,19 @@ fn start_moto() -> Option<Moto> {
         "import boto3\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\nfor b in ('landing', 'lake'):\n    s3.create_bucket(Bucket=b)\n",
         moto.endpoint
     );
-    let out = Command::new(&python)
-        .args(["-c", &script])
-        .output()
-        .unwrap();
+    run_python(&python, &script);
+    Some(moto)
+}
+
+/// Run a Python snippet; its stdout.
+fn run_python(python: &str, script: &str) -> String {
+    let out = Command::new(python).args(["-c", script]).output().unwrap();
     assert!(
         out.status.success(),
-        "create buckets: {}",
+        "python failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(moto)
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn options(endpoint: &str) -> BTreeMap<String, String> {
@@ -177,14 +180,5 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
          import os\nos._exit(0)\n",
         moto.endpoint
     );
-    let out = Command::new(&python)
-        .args(["-c", &script])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "120");
+    assert_eq!(run_python(&python, &script), "120");
 }
