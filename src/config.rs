@@ -53,6 +53,8 @@ pub struct Config {
     pub storage: BTreeMap<String, String>,
     /// Directory of `<source>.json` schemas; the shipped schemas are built in as a fallback.
     pub schemas_dir: PathBuf,
+    /// Directory of `<job>.toml` definitions; the shipped jobs are built in as a fallback.
+    pub jobs_dir: PathBuf,
     /// Ingestion settings.
     pub ingest: IngestConfig,
 }
@@ -66,6 +68,7 @@ impl Config {
             warehouse: base.join("warehouse").to_string_lossy().into_owned(),
             storage: BTreeMap::new(),
             schemas_dir: base.join("schemas"),
+            jobs_dir: base.join("jobs"),
             ingest: IngestConfig::default(),
         }
     }
@@ -118,7 +121,14 @@ impl Config {
         })?;
         let mut cfg = Self::defaults(base);
         cfg.file = Some(PathBuf::from(file));
-        let fields = ["landing", "warehouse", "schemas", "storage", "ingest"];
+        let fields = [
+            "landing",
+            "warehouse",
+            "schemas",
+            "jobs",
+            "storage",
+            "ingest",
+        ];
         for (key, value) in &table {
             match key.as_str() {
                 "landing" => cfg.landing = location(file, key, value, base)?,
@@ -126,6 +136,10 @@ impl Config {
                 "schemas" => {
                     let s = string(file, key, value, "a directory path")?;
                     cfg.schemas_dir = base.join(s);
+                }
+                "jobs" => {
+                    let s = string(file, key, value, "a directory path")?;
+                    cfg.jobs_dir = base.join(s);
                 }
                 "storage" => {
                     let t = value.as_table().ok_or_else(|| {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod fault;
+pub mod job;
 pub mod lease;
 pub mod ledger;
 pub mod runlog;

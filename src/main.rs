@@ -107,6 +107,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn run(cfg: Config, only: Vec<String>, full_scan: bool) -> anyhow::Result<ExitCode> {
+    // Job definitions are validated up front: a bad job file fails the run before any work.
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
     let ing = Ingestor::new(cfg, IngestOptions { full_scan })?;
     let all = ing.sources()?;
     let sources: Vec<String> = if only.is_empty() {

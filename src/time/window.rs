@@ -38,7 +38,7 @@ impl WindowSpec {
         }
         if size % slide != 0 {
             return Err(format!(
-                "slide ({}s) must divide size ({}s)",
+                "a slide that divides the size (got slide {}s, size {}s)",
                 slide as f64 / 1e6,
                 size as f64 / 1e6
             ));

@@ -458,6 +458,32 @@ fn config_and_location_errors_are_one_line_and_name_the_problem() {
 }
 
 #[test]
+fn a_bad_job_file_fails_the_run_before_any_work() {
+    let env = Env::new();
+    env.land(
+        "orders/a.ndjson",
+        &lines(&[order("a", T0, "o", "s", 1, 1)]),
+        T0,
+    );
+    std::fs::create_dir_all(env.path().join("jobs")).unwrap();
+    std::fs::write(
+        env.path().join("jobs/units.toml"),
+        "name = \"units\"\nschedule = \"0 */5 * * * *\"\nsources = [\"orders\"]\nkeys = [\"sku\"]\n\
+         [window]\nkind = \"tumbling\"\nsize = \"5m\"\n[aggregates]\nunits = \"sum(qty)\"\n",
+    )
+    .unwrap();
+    let out = env.kestrel(&["run"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("jobs/units.toml: field `aggregates.units`"),
+        "{err}"
+    );
+    assert_eq!(env.version("bronze/orders"), None, "nothing was ingested");
+}
+
+#[test]
 fn lease_of_a_live_process_blocks_and_a_dead_one_is_taken_over() {
     let env = Env::new();
     env.land(

@@ -1,0 +1,615 @@
+//! Job definitions (`jobs/<name>.toml`), validated at load: every error names the file,
+//! the field and what was expected.
+//!
+//! Two kinds: declarative windowed aggregates (keys, a window, SQL aggregate expressions
+//! checked by planning them with DataFusion against the source's bronze schema) and Rust
+//! operators configured by name. The shipped jobs are compiled in; a `jobs/` directory
+//! next to the config may override them or add more.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+
+use crate::config::parse_duration;
+use crate::error::{Error, Result};
+use crate::schema::SourceSchema;
+use crate::time::window::WindowSpec;
+
+const BUILTIN: [(&str, &str); 7] = [
+    (
+        "clickstream_5m",
+        include_str!("../../jobs/clickstream_5m.toml"),
+    ),
+    ("revenue_5m", include_str!("../../jobs/revenue_5m.toml")),
+    ("revenue_1h", include_str!("../../jobs/revenue_1h.toml")),
+    ("sessions", include_str!("../../jobs/sessions.toml")),
+    (
+        "payments_fast",
+        include_str!("../../jobs/payments_fast.toml"),
+    ),
+    (
+        "payment_reconciliation",
+        include_str!("../../jobs/payment_reconciliation.toml"),
+    ),
+    ("stockout", include_str!("../../jobs/stockout.toml")),
+];
+
+/// Rust operators a job may name.
+pub const OPERATORS: [&str; 3] = ["payments_fast", "payment_reconciliation", "stockout"];
+
+/// What happens to events too late for the job (both are counted in the run log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatePolicy {
+    /// Written to `late/<job>` with the reason.
+    SideOutput,
+    /// Only counted.
+    Drop,
+}
+
+/// Event-time settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeSpec {
+    pub watermark_delay: Duration,
+    pub idle_timeout: Duration,
+    pub lookback: Duration,
+    pub late_policy: LatePolicy,
+}
+
+/// What the job computes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobKind {
+    /// Declarative windowed aggregate, executed with DataFusion.
+    Aggregate {
+        keys: Vec<String>,
+        window: WindowSpec,
+        /// (output column, SQL aggregate expression), in file order.
+        aggregates: Vec<(String, String)>,
+    },
+    /// A Rust operator, by name.
+    Operator { operator: String },
+}
+
+/// One job definition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    pub name: String,
+    /// Where it came from (for messages).
+    pub file: String,
+    /// Six-field cron (`sec min hour dom month dow`), UTC.
+    pub schedule: String,
+    pub sources: Vec<String>,
+    pub kind: JobKind,
+    pub time: TimeSpec,
+    /// Gold table path, default `gold/<name>`.
+    pub table: String,
+    /// MERGE keys of the gold table.
+    pub merge_keys: Vec<String>,
+}
+
+struct Fields<'a> {
+    file: &'a str,
+    prefix: &'a str,
+    table: &'a toml::Table,
+}
+
+impl<'a> Fields<'a> {
+    fn name(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
+    }
+    fn err(&self, key: &str, expected: impl Into<String>) -> Error {
+        Error::config(self.file, self.name(key), expected)
+    }
+    fn only(&self, known: &[&str]) -> Result<()> {
+        for k in self.table.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(self.err(k, format!("one of the known fields ({})", known.join(", "))));
+            }
+        }
+        Ok(())
+    }
+    fn str_opt(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("a string, got {}", v.type_str()))),
+        }
+    }
+    fn str(&self, key: &str) -> Result<&'a str> {
+        self.str_opt(key)?
+            .ok_or_else(|| self.err(key, "a value (the field is required)"))
+    }
+    fn list(&self, key: &str) -> Result<Option<Vec<String>>> {
+        let Some(v) = self.table.get(key) else {
+            return Ok(None);
+        };
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.err(key, format!("an array of strings, got {}", v.type_str())))?;
+        arr.iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| self.err(key, "an array of strings"))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+    fn duration(&self, key: &str, default: Duration) -> Result<Duration> {
+        match self.str_opt(key)? {
+            None => Ok(default),
+            Some(s) => parse_duration(s)
+                .map_err(|e| self.err(key, format!("a duration such as \"5m\" ({e})"))),
+        }
+    }
+    fn sub(&self, key: &'a str) -> Result<Option<Fields<'a>>> {
+        match self.table.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let t = v
+                    .as_table()
+                    .ok_or_else(|| self.err(key, format!("a table [{key}]")))?;
+                Ok(Some(Fields {
+                    file: self.file,
+                    prefix: key,
+                    table: t,
+                }))
+            }
+        }
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next().is_some_and(|f| f.is_ascii_lowercase() || f == '_')
+        && c.all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || x == '_')
+}
+
+/// Parse and validate one job definition.
+pub async fn parse(
+    text: &str,
+    file: &str,
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobSpec> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        Error::config(file, "(syntax)", format!("valid TOML ({})", e.message()))
+    })?;
+    let top = Fields {
+        file,
+        prefix: "",
+        table: &table,
+    };
+    top.only(&[
+        "name",
+        "schedule",
+        "sources",
+        "keys",
+        "window",
+        "aggregates",
+        "operator",
+        "time",
+        "sink",
+    ])?;
+    let name = top.str("name")?.to_string();
+    if !is_identifier(&name) {
+        return Err(top.err("name", "a lower-case identifier (letters, digits, _)"));
+    }
+    let schedule = top.str("schedule")?.to_string();
+    if schedule.split_whitespace().count() < 6 {
+        return Err(top.err(
+            "schedule",
+            format!("a 6-field cron `sec min hour dom month dow`, e.g. \"0 */5 * * * *\", got {schedule:?}"),
+        ));
+    }
+    if let Err(e) =
+        tokio_cron_scheduler::Job::new_async(schedule.as_str(), |_, _| Box::pin(async {}))
+    {
+        return Err(top.err("schedule", format!("a valid cron expression ({e:?})")));
+    }
+    let sources = top
+        .list("sources")?
+        .ok_or_else(|| top.err("sources", "a list of source names"))?;
+    if sources.is_empty() {
+        return Err(top.err("sources", "at least one source"));
+    }
+    for s in &sources {
+        if !schemas.contains_key(s) {
+            let known: Vec<&str> = schemas.keys().map(String::as_str).collect();
+            return Err(top.err(
+                "sources",
+                format!(
+                    "sources with a schema ({}); `{s}` has none",
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+
+    let time = match top.sub("time")? {
+        None => TimeSpec {
+            watermark_delay: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+            lookback: Duration::from_secs(3 * 86_400),
+            late_policy: LatePolicy::SideOutput,
+        },
+        Some(t) => {
+            t.only(&["watermark_delay", "idle_timeout", "lookback", "late_policy"])?;
+            TimeSpec {
+                watermark_delay: t.duration("watermark_delay", Duration::from_secs(30))?,
+                idle_timeout: t.duration("idle_timeout", Duration::from_secs(300))?,
+                lookback: t.duration("lookback", Duration::from_secs(3 * 86_400))?,
+                late_policy: match t.str_opt("late_policy")? {
+                    None | Some("side_output") => LatePolicy::SideOutput,
+                    Some("drop") => LatePolicy::Drop,
+                    Some(other) => {
+                        return Err(t.err(
+                            "late_policy",
+                            format!("\"side_output\" or \"drop\", got {other:?}"),
+                        ))
+                    }
+                },
+            }
+        }
+    };
+
+    let sink = top.sub("sink")?;
+    if let Some(s) = &sink {
+        s.only(&["table", "merge_keys"])?;
+    }
+    let table_path = match sink
+        .as_ref()
+        .map(|s| s.str_opt("table"))
+        .transpose()?
+        .flatten()
+    {
+        Some(t) if t.starts_with("gold/") && t.len() > 5 => t.to_string(),
+        Some(t) => {
+            return Err(Error::config(
+                file,
+                "sink.table",
+                format!("a path under gold/, got {t:?}"),
+            ))
+        }
+        None => format!("gold/{name}"),
+    };
+    let merge_keys_given = sink
+        .as_ref()
+        .map(|s| s.list("merge_keys"))
+        .transpose()?
+        .flatten();
+
+    let kind = match top.str_opt("operator")? {
+        Some(op) => {
+            if !OPERATORS.contains(&op) {
+                return Err(top.err(
+                    "operator",
+                    format!("one of {}, got {op:?}", OPERATORS.join(", ")),
+                ));
+            }
+            for f in ["keys", "window", "aggregates"] {
+                if table.contains_key(f) {
+                    return Err(
+                        top.err(f, "nothing: operator jobs are configured by their operator")
+                    );
+                }
+            }
+            JobKind::Operator {
+                operator: op.to_string(),
+            }
+        }
+        None => aggregate_kind(&top, &sources, schemas).await?,
+    };
+    let merge_keys = match (&kind, merge_keys_given) {
+        (_, Some(k)) if k.is_empty() => {
+            return Err(Error::config(
+                file,
+                "sink.merge_keys",
+                "at least one column",
+            ))
+        }
+        (_, Some(k)) => k,
+        (JobKind::Aggregate { keys, window, .. }, None) => {
+            let mut k = keys.clone();
+            k.push(window_start_column(window).to_string());
+            k
+        }
+        (JobKind::Operator { .. }, None) => {
+            return Err(Error::config(
+                file,
+                "sink.merge_keys",
+                "the operator's natural key columns",
+            ))
+        }
+    };
+    Ok(JobSpec {
+        name,
+        file: file.to_string(),
+        schedule,
+        sources,
+        kind,
+        time,
+        table: table_path,
+        merge_keys,
+    })
+}
+
+/// The window-start column of gold rows: `session_start` for sessions, else `window_start`.
+pub fn window_start_column(w: &WindowSpec) -> &'static str {
+    match w {
+        WindowSpec::Session { .. } => "session_start",
+        _ => "window_start",
+    }
+}
+
+async fn aggregate_kind(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    if sources.len() != 1 {
+        return Err(top.err("sources", "exactly one source for a windowed aggregate job"));
+    }
+    let schema = &schemas[&sources[0]];
+    let keys = top
+        .list("keys")?
+        .ok_or_else(|| top.err("keys", "a list of key columns"))?;
+    for k in &keys {
+        if schema.index_of(k).is_none() {
+            let cols: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+            return Err(top.err(
+                "keys",
+                format!(
+                    "columns of {} ({}); `{k}` is not one",
+                    schema.name,
+                    cols.join(", ")
+                ),
+            ));
+        }
+    }
+    let w = top.sub("window")?.ok_or_else(|| {
+        top.err(
+            "window",
+            "a [window] table (kind = tumbling | sliding | session)",
+        )
+    })?;
+    w.only(&["kind", "size", "slide", "gap"])?;
+    let need = |key: &str| -> Result<Duration> {
+        let d = w.duration(key, Duration::ZERO)?;
+        if d.is_zero() {
+            return Err(w.err(key, "a positive duration"));
+        }
+        Ok(d)
+    };
+    let window = match w.str("kind")? {
+        "tumbling" => WindowSpec::tumbling(need("size")?).map_err(|e| w.err("size", e))?,
+        "sliding" => {
+            WindowSpec::sliding(need("size")?, need("slide")?).map_err(|e| w.err("slide", e))?
+        }
+        "session" => WindowSpec::session(need("gap")?).map_err(|e| w.err("gap", e))?,
+        other => {
+            return Err(w.err(
+                "kind",
+                format!("tumbling, sliding or session, got {other:?}"),
+            ))
+        }
+    };
+    let a = top.sub("aggregates")?.ok_or_else(|| {
+        top.err(
+            "aggregates",
+            "a table of output column = \"SQL aggregate expression\"",
+        )
+    })?;
+    let mut aggregates = Vec::new();
+    for (col, v) in a.table {
+        let expr = v
+            .as_str()
+            .ok_or_else(|| a.err(col, "a SQL aggregate expression string"))?;
+        if !is_identifier(col)
+            || keys.contains(col)
+            || [
+                "window_start",
+                "window_end",
+                "session_start",
+                "session_end",
+                "is_final",
+            ]
+            .contains(&col.as_str())
+            || col.starts_with('_')
+        {
+            return Err(a.err(
+                col,
+                "a lower-case output column name that is not a key or window column",
+            ));
+        }
+        aggregates.push((col.clone(), expr.to_string()));
+    }
+    if aggregates.is_empty() {
+        return Err(a.err("", "at least one aggregate"));
+    }
+    // Plan each expression with DataFusion against an empty table of the bronze schema.
+    let ctx = SessionContext::new();
+    let empty = MemTable::try_new(
+        schema.bronze.clone(),
+        vec![vec![RecordBatch::new_empty(schema.bronze.clone())]],
+    )
+    .map_err(|e| Error::query("empty events table", e))?;
+    ctx.register_table("events", Arc::new(empty))
+        .map_err(|e| Error::query("empty events table", e))?;
+    let group = keys
+        .iter()
+        .map(|k| format!("\"{k}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for (col, expr) in &aggregates {
+        let sql = if group.is_empty() {
+            format!("SELECT {expr} AS \"{col}\" FROM events")
+        } else {
+            format!("SELECT {group}, {expr} AS \"{col}\" FROM events GROUP BY {group}")
+        };
+        if let Err(e) = ctx.sql(&sql).await {
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or_default().to_string();
+            return Err(a.err(
+                col,
+                format!("an aggregate over {} columns ({first})", schema.name),
+            ));
+        }
+    }
+    Ok(JobKind::Aggregate {
+        keys,
+        window,
+        aggregates,
+    })
+}
+
+/// Load the shipped jobs, then `dir/*.toml` (which may override them by name).
+pub async fn load_all(
+    dir: &Path,
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<BTreeMap<String, JobSpec>> {
+    let mut out = BTreeMap::new();
+    for (name, text) in BUILTIN {
+        let spec = parse(text, &format!("(built-in) jobs/{name}.toml"), schemas).await?;
+        out.insert(spec.name.clone(), spec);
+    }
+    if dir.is_dir() {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir.display().to_string(), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+        paths.sort();
+        for p in paths {
+            let file = p.display().to_string();
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&file, e))?;
+            let spec = parse(&text, &file, schemas).await?;
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+            if stem != spec.name {
+                return Err(Error::config(
+                    &file,
+                    "name",
+                    format!("the file's name `{stem}` (got `{}`)", spec.name),
+                ));
+            }
+            out.insert(spec.name.clone(), spec);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schemas() -> BTreeMap<String, Arc<SourceSchema>> {
+        crate::schema::load_all(Path::new("/none")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn shipped_jobs_load_as_designed() {
+        let jobs = load_all(Path::new("/none"), &schemas()).await.unwrap();
+        assert_eq!(jobs.len(), 7);
+        let r = &jobs["revenue_1h"];
+        match &r.kind {
+            JobKind::Aggregate {
+                keys,
+                window,
+                aggregates,
+            } => {
+                assert_eq!(keys, &vec!["sku".to_string()]);
+                assert_eq!(
+                    *window,
+                    WindowSpec::Sliding {
+                        size: 3_600_000_000,
+                        slide: 300_000_000
+                    }
+                );
+                let names: Vec<&str> = aggregates.iter().map(|(n, _)| n.as_str()).collect();
+                assert_eq!(names, vec!["orders", "units", "revenue_cents"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.merge_keys, vec!["sku", "window_start"]);
+        assert_eq!(r.table, "gold/revenue_1h");
+        assert_eq!(
+            jobs["sessions"].merge_keys,
+            vec!["anonymous_id", "session_start"]
+        );
+        assert_eq!(jobs["stockout"].table, "gold/stockout_alerts");
+        assert_eq!(jobs["payment_reconciliation"].schedule, "0 0 * * * *");
+        assert_eq!(
+            jobs["clickstream_5m"].time.lookback,
+            Duration::from_secs(3 * 86_400)
+        );
+    }
+
+    async fn err(text: &str) -> String {
+        parse(text, "jobs/x.toml", &schemas())
+            .await
+            .unwrap_err()
+            .to_string()
+    }
+
+    const BASE: &str =
+        "name = \"x\"\nschedule = \"0 */5 * * * *\"\nsources = [\"orders\"]\nkeys = [\"sku\"]\n";
+
+    #[tokio::test]
+    async fn bad_definitions_name_file_field_and_expectation() {
+        let win = "[window]\nkind = \"tumbling\"\nsize = \"5m\"\n";
+        let agg = "[aggregates]\nunits = \"sum(quantity)\"\n";
+        let e = err(&format!(
+            "{BASE}{win}[aggregates]\nunits = \"sum(quantityy)\"\n"
+        ))
+        .await;
+        assert!(
+            e.starts_with("jobs/x.toml: field `aggregates.units`"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{BASE}[window]\nkind = \"sliding\"\nsize = \"1h\"\nslide = \"7m\"\n{agg}"
+        ))
+        .await;
+        assert!(
+            e.contains("`window.slide`") && e.contains("divides the size"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{BASE}[window]\nkind = \"tumbling\"\nsize = \"5 parsecs\"\n{agg}"
+        ))
+        .await;
+        assert!(e.contains("`window.size`") && e.contains("duration"), "{e}");
+        let e = err(&format!("name = \"x\"\nschedule = \"*/5 * * * *\"\nsources = [\"orders\"]\nkeys = [\"sku\"]\n{win}{agg}")).await;
+        assert!(e.contains("`schedule`") && e.contains("6-field"), "{e}");
+        let e = err(&format!("name = \"x\"\nschedule = \"0 */5 * * * *\"\nsources = [\"orders\"]\nkeys = [\"skuu\"]\n{win}{agg}")).await;
+        assert!(
+            e.contains("`keys`") && e.contains("`skuu` is not one"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{BASE}{win}{agg}[time]\nlate_policy = \"ignore\"\n"
+        ))
+        .await;
+        assert!(e.contains("`time.late_policy`"), "{e}");
+        let e = err(&format!("{BASE}{win}{agg}colour = \"red\"\n")).await;
+        assert!(e.contains("`aggregates.colour`"), "{e}");
+        let e = err("name = \"x\"\nschedule = \"0 0 * * * *\"\nsources = [\"nope\"]\noperator = \"stockout\"\n").await;
+        assert!(
+            e.contains("`sources`") && e.contains("`nope` has none"),
+            "{e}"
+        );
+        let e = err("name = \"x\"\nschedule = \"0 0 * * * *\"\nsources = [\"orders\"]\noperator = \"magic\"\n").await;
+        assert!(e.contains("`operator`"), "{e}");
+        let e = err(&format!("{BASE}{win}{agg}[sink]\ntable = \"silver/x\"\n")).await;
+        assert!(e.contains("`sink.table`"), "{e}");
+    }
+}
