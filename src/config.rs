@@ -275,6 +275,20 @@ fn parse_ingest(file: &str, t: &toml::Table, ingest: &mut IngestConfig) -> Resul
     Ok(())
 }
 
+/// The files in `dir` with extension `ext`, sorted; empty when `dir` does not exist.
+pub fn files_with_extension(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir.display().to_string(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    paths.sort();
+    Ok(paths)
+}
+
 /// Parse a duration like `30s`, `5m`, `26h`, `3d`, `250ms` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();

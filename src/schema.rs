@@ -177,14 +177,8 @@ pub fn load_all(dir: &Path) -> Result<BTreeMap<String, Arc<SourceSchema>>> {
         let s = parse(text, &origin)?;
         out.insert(s.name.clone(), Arc::new(s));
     }
-    if dir.is_dir() {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir.display().to_string(), e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        paths.sort();
-        for p in paths {
+    {
+        for p in crate::config::files_with_extension(dir, "json")? {
             let text =
                 std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))?;
             let s = parse(&text, &p)?;

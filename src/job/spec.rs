@@ -7,7 +7,7 @@
 //! next to the config may override them or add more.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
-use crate::config::parse_duration;
+use crate::config::{files_with_extension, parse_duration};
 use crate::error::{Error, Result};
 use crate::schema::SourceSchema;
 use crate::time::window::WindowSpec;
@@ -482,14 +482,8 @@ pub async fn load_all(
         let spec = parse(text, &format!("(built-in) jobs/{name}.toml"), schemas).await?;
         out.insert(spec.name.clone(), spec);
     }
-    if dir.is_dir() {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir.display().to_string(), e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-            .collect();
-        paths.sort();
-        for p in paths {
+    {
+        for p in files_with_extension(dir, "toml")? {
             let file = p.display().to_string();
             let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&file, e))?;
             let spec = parse(&text, &file, schemas).await?;

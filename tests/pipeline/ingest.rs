@@ -98,27 +98,21 @@ fn first_delivery_wins_and_rerun_changes_nothing() {
     assert_eq!(log[0], vec!["6", "137", "120", "11", "6"]);
     assert_eq!(env.count("quarantine/orders", "SELECT count(*) FROM t WHERE reason LIKE '%quantity%expected an integer, got a string%'"), 6);
     // nothing new: no new Delta versions anywhere
-    let before: Vec<_> = [
-        "bronze/orders",
-        "quarantine/orders",
-        "_kestrel/ledger",
-        "_kestrel/runs",
-    ]
-    .iter()
-    .map(|t| env.version(t))
-    .collect();
+    let versions = || -> Vec<Option<u64>> {
+        [
+            "bronze/orders",
+            "quarantine/orders",
+            "_kestrel/ledger",
+            "_kestrel/runs",
+        ]
+        .iter()
+        .map(|t| env.version(t))
+        .collect()
+    };
+    let before = versions();
     let out = env.run_ok(&["run"], 0);
     assert!(out.contains("nothing new landed"), "{out}");
-    let after: Vec<_> = [
-        "bronze/orders",
-        "quarantine/orders",
-        "_kestrel/ledger",
-        "_kestrel/runs",
-    ]
-    .iter()
-    .map(|t| env.version(t))
-    .collect();
-    assert_eq!(before, after);
+    assert_eq!(before, versions());
     // a later delivery of an already ingested event is a duplicate against bronze
     env.land(
         "orders/partition=0/2026-11-20T1300.ndjson",
