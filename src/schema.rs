@@ -177,23 +177,21 @@ pub fn load_all(dir: &Path) -> Result<BTreeMap<String, Arc<SourceSchema>>> {
         let s = parse(text, &origin)?;
         out.insert(s.name.clone(), Arc::new(s));
     }
-    {
-        for p in crate::config::files_with_extension(dir, "json")? {
-            let text =
-                std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))?;
-            let s = parse(&text, &p)?;
-            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
-            if stem != s.name {
-                return Err(Error::Schema {
-                    file: p.clone(),
-                    message: format!(
-                        "`source` is `{}` but the file is named `{stem}.json`",
-                        s.name
-                    ),
-                });
-            }
-            out.insert(s.name.clone(), Arc::new(s));
+    for p in crate::config::files_with_extension(dir, "json")? {
+        let text =
+            std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))?;
+        let s = parse(&text, &p)?;
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if stem != s.name {
+            return Err(Error::Schema {
+                file: p.clone(),
+                message: format!(
+                    "`source` is `{}` but the file is named `{stem}.json`",
+                    s.name
+                ),
+            });
         }
+        out.insert(s.name.clone(), Arc::new(s));
     }
     Ok(out)
 }

@@ -482,21 +482,19 @@ pub async fn load_all(
         let spec = parse(text, &format!("(built-in) jobs/{name}.toml"), schemas).await?;
         out.insert(spec.name.clone(), spec);
     }
-    {
-        for p in files_with_extension(dir, "toml")? {
-            let file = p.display().to_string();
-            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&file, e))?;
-            let spec = parse(&text, &file, schemas).await?;
-            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
-            if stem != spec.name {
-                return Err(Error::config(
-                    &file,
-                    "name",
-                    format!("the file's name `{stem}` (got `{}`)", spec.name),
-                ));
-            }
-            out.insert(spec.name.clone(), spec);
+    for p in files_with_extension(dir, "toml")? {
+        let file = p.display().to_string();
+        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&file, e))?;
+        let spec = parse(&text, &file, schemas).await?;
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if stem != spec.name {
+            return Err(Error::config(
+                &file,
+                "name",
+                format!("the file's name `{stem}` (got `{}`)", spec.name),
+            ));
         }
+        out.insert(spec.name.clone(), spec);
     }
     Ok(out)
 }
