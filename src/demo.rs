@@ -331,7 +331,6 @@ pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
                 .or_default()
                 .push((a, line.clone()));
         }
-        let _ = ev.ts_us;
     }
     let bad_lines = [
         r#"{"event_id": "broken", "event_ts": "2026-"#.to_string(),

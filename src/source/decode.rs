@@ -366,7 +366,7 @@ pub fn decode_parquet(
         for row in 0..batch.num_rows() {
             records += 1;
             cells.clear();
-            for (f, a) in schema.fields.iter().zip(&norm) {
+            for a in &norm {
                 let cell = match a {
                     None => Cell::Missing,
                     Some(a) if a.is_null(row) => Cell::Null,
@@ -376,10 +376,7 @@ pub fn decode_parquet(
                         DataType::Timestamp(_, _) => {
                             Cell::TsMicros(a.as_primitive::<TimestampMicrosecondType>().value(row))
                         }
-                        _ => {
-                            let _ = f;
-                            Cell::Nested
-                        }
+                        _ => Cell::Nested,
                     },
                 };
                 cells.push(cell);

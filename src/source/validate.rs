@@ -247,14 +247,15 @@ impl RowAssembler {
     ) -> std::result::Result<(), String> {
         self.reasons.clear();
         // First pass: check everything, remembering parsed timestamps.
-        let schema = self.schema.clone();
+        // Disjoint field borrows: no per-row Arc clone on this hot path.
+        let (schema, reasons, values_us) = (&self.schema, &mut self.reasons, &mut self.values_us);
         for (i, f) in schema.fields.iter().enumerate() {
             let cell = cells.get(i).unwrap_or(&Cell::Missing);
-            self.values_us[i] = None;
+            values_us[i] = None;
             match cell {
                 Cell::Missing | Cell::Null => {
                     if !f.nullable {
-                        self.reasons.push(if matches!(cell, Cell::Missing) {
+                        reasons.push(if matches!(cell, Cell::Missing) {
                             format!("missing required field `{}`", f.name)
                         } else {
                             format!("field `{}` is null but required", f.name)
@@ -268,7 +269,7 @@ impl RowAssembler {
                 (FieldType::String, Cell::Str(s)) => {
                     if let Some(allowed) = &f.enum_values {
                         if !allowed.iter().any(|a| a == s.as_ref()) {
-                            self.reasons.push(format!(
+                            reasons.push(format!(
                                 "field `{}`: unknown value {:?} (expected one of {})",
                                 f.name,
                                 s,
@@ -279,27 +280,29 @@ impl RowAssembler {
                 }
                 (FieldType::Int64, Cell::Int(_)) => {}
                 (FieldType::Timestamp, Cell::Str(s)) => match parse_rfc3339_us(s) {
-                    Some(us) => self.check_ts(i, us, landed_at_us),
-                    None => self.reasons.push(format!(
+                    Some(us) => values_us[i] = check_ts(&f.name, us, landed_at_us, reasons),
+                    None => reasons.push(format!(
                         "field `{}`: {:?} is not an RFC 3339 timestamp with an offset",
                         f.name, s
                     )),
                 },
                 (FieldType::Timestamp, Cell::Int(ms)) => match ms.checked_mul(1000) {
-                    Some(us) => self.check_ts(i, us, landed_at_us),
-                    None => self.reasons.push(format!(
+                    Some(us) => values_us[i] = check_ts(&f.name, us, landed_at_us, reasons),
+                    None => reasons.push(format!(
                         "field `{}`: epoch milliseconds {ms} out of range",
                         f.name
                     )),
                 },
-                (FieldType::Timestamp, Cell::TsMicros(us)) => self.check_ts(i, *us, landed_at_us),
+                (FieldType::Timestamp, Cell::TsMicros(us)) => {
+                    values_us[i] = check_ts(&f.name, *us, landed_at_us, reasons)
+                }
                 (ty, other) => {
                     let expected = match ty {
                         FieldType::String => "a string",
                         FieldType::Int64 => "an integer",
                         FieldType::Timestamp => "an RFC 3339 string or epoch milliseconds",
                     };
-                    self.reasons.push(format!(
+                    reasons.push(format!(
                         "field `{}`: expected {expected}, got {}",
                         f.name,
                         other.kind()
@@ -331,25 +334,6 @@ impl RowAssembler {
         self.lines.append_value(line);
         self.rows += 1;
         Ok(())
-    }
-
-    fn check_ts(&mut self, i: usize, us: i64, landed_at_us: i64) {
-        let schema = self.schema.clone();
-        let name = &schema.fields[i].name;
-        if us < MIN_EVENT_TS_US {
-            self.reasons.push(format!(
-                "field `{name}`: {} is before 2000-01-01",
-                fmt_us(us)
-            ));
-        } else if us > landed_at_us.saturating_add(MAX_AHEAD_OF_LANDING_US) {
-            self.reasons.push(format!(
-                "field `{name}`: {} is more than a day after the file landed ({})",
-                fmt_us(us),
-                fmt_us(landed_at_us)
-            ));
-        } else {
-            self.values_us[i] = Some(us);
-        }
     }
 
     /// Finish into a bronze-shaped batch (None when no row was accepted).
@@ -385,6 +369,26 @@ impl RowAssembler {
             self.schema.bronze.clone(),
             arrays,
         )?))
+    }
+}
+
+/// Check an event time's sanity: Some(us) when plausible, else a reason is recorded.
+fn check_ts(name: &str, us: i64, landed_at_us: i64, reasons: &mut Vec<String>) -> Option<i64> {
+    if us < MIN_EVENT_TS_US {
+        reasons.push(format!(
+            "field `{name}`: {} is before 2000-01-01",
+            fmt_us(us)
+        ));
+        None
+    } else if us > landed_at_us.saturating_add(MAX_AHEAD_OF_LANDING_US) {
+        reasons.push(format!(
+            "field `{name}`: {} is more than a day after the file landed ({})",
+            fmt_us(us),
+            fmt_us(landed_at_us)
+        ));
+        None
+    } else {
+        Some(us)
     }
 }
 
