@@ -110,7 +110,7 @@ async fn run(cfg: Config, only: Vec<String>, full_scan: bool) -> anyhow::Result<
     // Job definitions are validated up front: a bad job file fails the run before any work.
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
     kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let ing = Ingestor::new(cfg, IngestOptions { full_scan })?;
+    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions { full_scan })?;
     let all = ing.sources()?;
     let sources: Vec<String> = if only.is_empty() {
         all

@@ -110,6 +110,16 @@ fn now_us() -> i64 {
 impl Ingestor {
     /// Set up from config: open landing and warehouse, load schemas.
     pub fn new(cfg: Config, opts: IngestOptions) -> Result<Self> {
+        let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
+        Self::with_schemas(cfg, schemas, opts)
+    }
+
+    /// Set up from config with schemas the caller has already loaded.
+    pub fn with_schemas(
+        cfg: Config,
+        schemas: BTreeMap<String, Arc<SourceSchema>>,
+        opts: IngestOptions,
+    ) -> Result<Self> {
         let landing = Location::open(&cfg.landing, &cfg.storage, false).map_err(|e| match e {
             Error::Location { url, reason } if url.starts_with("file:") => Error::Location {
                 url,
@@ -120,7 +130,6 @@ impl Ingestor {
             other => other,
         })?;
         let wh = Warehouse::new(Location::open(&cfg.warehouse, &cfg.storage, true)?);
-        let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
         Ok(Ingestor {
             cfg,
             landing,
