@@ -79,6 +79,15 @@ impl Env {
         stdout
     }
 
+    /// Run, require exit code 1 and a one-line reason on stderr; returns that line.
+    pub fn fails_one_line(&self, args: &[&str]) -> String {
+        let out = self.kestrel(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "kestrel {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    }
+
     /// Land a file the way the contract asks: temporary `_` name, mtime = arrival, rename.
     pub fn land(&self, rel: &str, content: &[u8], landed_at_s: i64) {
         let dest = self.landing().join(rel);

@@ -425,10 +425,7 @@ fn late_named_file_is_found_by_full_scan_and_cursor_listing_skips_old_names() {
 fn config_and_location_errors_are_one_line_and_name_the_problem() {
     let env = Env::new();
     std::fs::write(env.path().join("kestrel.toml"), "landing = 3\n").unwrap();
-    let out = env.kestrel(&["run"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = env.fails_one_line(&["run"]);
     assert!(
         err.contains("kestrel.toml")
             && err.contains("`landing`")
@@ -441,10 +438,7 @@ fn config_and_location_errors_are_one_line_and_name_the_problem() {
         "landing = \"does/not/exist\"\nwarehouse = \"wh\"\n",
     )
     .unwrap();
-    let out = env.kestrel(&["run"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = env.fails_one_line(&["run"]);
     assert!(
         err.contains("does/not/exist") && err.contains("does not exist"),
         "{err}"
@@ -466,10 +460,7 @@ fn a_bad_job_file_fails_the_run_before_any_work() {
          [window]\nkind = \"tumbling\"\nsize = \"5m\"\n[aggregates]\nunits = \"sum(qty)\"\n",
     )
     .unwrap();
-    let out = env.kestrel(&["run"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let err = env.fails_one_line(&["run"]);
     assert!(
         err.contains("jobs/units.toml: field `aggregates.units`"),
         "{err}"
