@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kestrel::config::Config;
+use kestrel::runner::batch::{JobReport, JobRunner};
 use kestrel::runner::ingest::{IngestOptions, Ingestor, SourceReport};
 
 #[derive(Parser)]
@@ -30,11 +31,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Ingest what has newly landed (every source, or --source), then exit. For cron.
+    /// Ingest what has newly landed (every source, or --source), run every job (or --job)
+    /// on it, then exit. For cron.
     Run {
         /// Only these sources (repeatable).
         #[arg(long = "source")]
         sources: Vec<String>,
+        /// Only these jobs (repeatable).
+        #[arg(long = "job")]
+        jobs: Vec<String>,
         /// List every landed file, not only names after the last processed one
         /// (finds files that sort before it and files changed after processing).
         #[arg(long)]
@@ -101,16 +106,33 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(cli.config.as_deref())?;
     match cli.cmd {
-        Cmd::Run { sources, full_scan } => run(cfg, sources, full_scan).await,
+        Cmd::Run {
+            sources,
+            jobs,
+            full_scan,
+        } => run(cfg, sources, jobs, full_scan).await,
         Cmd::Demo { hours, scale, seed } => demo(cfg, hours, scale, seed),
     }
 }
 
-async fn run(cfg: Config, only: Vec<String>, full_scan: bool) -> anyhow::Result<ExitCode> {
+async fn run(
+    cfg: Config,
+    only: Vec<String>,
+    only_jobs: Vec<String>,
+    full_scan: bool,
+) -> anyhow::Result<ExitCode> {
     // Job definitions are validated up front: a bad job file fails the run before any work.
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions { full_scan })?;
+    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+    for j in &only_jobs {
+        anyhow::ensure!(
+            all_jobs.contains_key(j),
+            "unknown job `{j}` (known: {})",
+            all_jobs.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let lease_ttl = cfg.ingest.lease_ttl;
+    let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions { full_scan })?;
     let all = ing.sources()?;
     let sources: Vec<String> = if only.is_empty() {
         all
@@ -135,6 +157,21 @@ async fn run(cfg: Config, only: Vec<String>, full_scan: bool) -> anyhow::Result<
     print_summary(&reports);
     if !failures.is_empty() {
         anyhow::bail!("ingestion failed for {}", failures.join("; "));
+    }
+    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
+    let mut job_reports: Vec<JobReport> = Vec::new();
+    for (name, spec) in &all_jobs {
+        if !only_jobs.is_empty() && !only_jobs.contains(name) {
+            continue;
+        }
+        match runner.run_job(spec).await {
+            Ok(r) => job_reports.push(r),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    print_job_summary(&job_reports);
+    if !failures.is_empty() {
+        anyhow::bail!("job failed: {}", failures.join("; "));
     }
     let bad_files: i64 = reports
         .iter()
@@ -166,6 +203,38 @@ fn print_summary(reports: &[SourceReport]) {
     }
     if reports.iter().all(|r| r.batches.is_empty()) {
         println!("nothing new landed");
+    }
+}
+
+fn print_job_summary(reports: &[JobReport]) {
+    if reports.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<24} {:>7} {:>10} {:>9} {:>11} {:>8}  {}",
+        "job", "batches", "applied", "windows", "corrections", "too late", "watermark"
+    );
+    for r in reports {
+        if let Some(why) = &r.skipped {
+            println!("{:<24} skipped: {why}", r.job);
+            continue;
+        }
+        let w = r
+            .watermark
+            .and_then(chrono::DateTime::from_timestamp_micros)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<24} {:>7} {:>10} {:>9} {:>11} {:>8}  {}",
+            r.job,
+            r.batches.len(),
+            r.applied(),
+            r.windows_recomputed(),
+            r.corrections(),
+            r.too_late(),
+            w
+        );
     }
 }
 

@@ -1,4 +1,7 @@
-//! Jobs: their definitions (`jobs/*.toml`). The operators that run them come with the
-//! jobs issues; `spec` parses and validates definitions at load.
+//! Jobs: their definitions (`jobs/*.toml`, [`spec`]), durable batch plans ([`plan`]) and
+//! the operators that compute them — pure functions over Arrow record batches with no I/O
+//! of their own ([`aggregate`]), so micro-batch runs and backfills share them.
 
+pub mod aggregate;
+pub mod plan;
 pub mod spec;

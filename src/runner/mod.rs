@@ -1,3 +1,6 @@
-//! Runners decide when work happens: ingestion of landed files (one micro-batch at a time).
+//! Runners decide when work happens: ingestion of landed files ([`ingest`]) and job
+//! micro-batches ([`batch`]), one batch at a time; [`read`] holds the bronze reads jobs use.
 
+pub mod batch;
 pub mod ingest;
+pub mod read;

@@ -159,6 +159,24 @@ pub async fn append_with(
     w.await.map_err(|e| Error::delta(url, e))
 }
 
+/// Append in one commit carrying `(app_id, version)`, adding any columns the table lacks
+/// (schema merge), for tables whose schema grows between releases.
+pub async fn append_evolving(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    app_id: &str,
+    version: i64,
+) -> Result<DeltaTable> {
+    let url = table.table_url().to_string();
+    table
+        .write(batches)
+        .with_save_mode(SaveMode::Append)
+        .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+        .with_commit_properties(txn_props(app_id, version))
+        .await
+        .map_err(|e| Error::delta(url, e))
+}
+
 /// A DataFusion session with `table` registered under `name`.
 pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
@@ -208,4 +226,114 @@ pub fn col_i64(b: &RecordBatch, i: usize) -> Result<arrow::array::Int64Array> {
         .downcast_ref::<arrow::array::Int64Array>()
         .cloned()
         .ok_or_else(|| Error::Other(format!("column {i} is not an integer column")))
+}
+
+/// How to MERGE rows into a keyed table with target-side pruning.
+#[derive(Debug, Clone)]
+pub struct MergeSpec<'a> {
+    /// Key columns (matched with `=`, or `IS NOT DISTINCT FROM` when nullable).
+    pub keys: &'a [(String, bool)],
+    /// Date partition column of the target and the values (days since the epoch) the
+    /// source rows hold: the predicate names them as a literal `IN` list so only those
+    /// partitions' files are read.
+    pub partition: (&'a str, Vec<i32>),
+    /// Columns to write (all target columns).
+    pub columns: Vec<String>,
+    /// Source column holding `upsert` or `delete` (tombstones).
+    pub op_column: &'a str,
+}
+
+/// MERGE `batches` into `table` in one commit carrying `(app_id, version)`: rows with
+/// op `upsert` update or insert, rows with op `delete` delete their match (tombstones;
+/// never `when_not_matched_by_source_delete`, which turns partition pruning off).
+/// Returns the table and the number of target rows rewritten, inserted and deleted.
+pub async fn merge(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    spec: &MergeSpec<'_>,
+    app_id: &str,
+    version: i64,
+) -> Result<(DeltaTable, MergeCounts)> {
+    let url = table.table_url().to_string();
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    let source = ctx
+        .read_batches(batches)
+        .map_err(|e| Error::query("merge source", e))?;
+    use datafusion::common::ScalarValue;
+    use datafusion::prelude::{col, lit, Expr};
+    let mut pred: Vec<Expr> = spec
+        .keys
+        .iter()
+        .map(|(k, nullable)| {
+            let (t, s) = (col(format!("t.{k}")), col(format!("s.{k}")));
+            if *nullable {
+                datafusion::logical_expr::binary_expr(
+                    t,
+                    datafusion::logical_expr::Operator::IsNotDistinctFrom,
+                    s,
+                )
+            } else {
+                t.eq(s)
+            }
+        })
+        .collect();
+    let (pcol, days) = &spec.partition;
+    if !days.is_empty() {
+        let list = days
+            .iter()
+            .map(|d| lit(ScalarValue::Date32(Some(*d))))
+            .collect();
+        pred.push(col(format!("t.{pcol}")).in_list(list, false));
+    }
+    let predicate = pred.into_iter().reduce(Expr::and).unwrap_or(lit(true));
+    let op = spec.op_column;
+    let is_op = |v: &str| col(format!("s.{op}")).eq(lit(v.to_string()));
+    let key_names: Vec<&str> = spec.keys.iter().map(|(k, _)| k.as_str()).collect();
+    let (table, metrics) = table
+        .merge(source, predicate)
+        .with_source_alias("s")
+        .with_target_alias("t")
+        .with_commit_properties(txn_props(app_id, version))
+        .when_matched_delete(|d| d.predicate(is_op("delete")))
+        .and_then(|m| {
+            m.when_matched_update(|mut u| {
+                u = u.predicate(is_op("upsert"));
+                for c in &spec.columns {
+                    if !key_names.contains(&c.as_str()) {
+                        u = u.update(c.as_str(), col(format!("s.{c}")));
+                    }
+                }
+                u
+            })
+        })
+        .and_then(|m| {
+            m.when_not_matched_insert(|mut i| {
+                i = i.predicate(is_op("upsert"));
+                for c in &spec.columns {
+                    i = i.set(c.as_str(), col(format!("s.{c}")));
+                }
+                i
+            })
+        })
+        .map_err(|e| Error::delta(&url, e))?
+        .await
+        .map_err(|e| Error::delta(&url, e))?;
+    Ok((
+        table,
+        MergeCounts {
+            updated: metrics.num_target_rows_updated as i64,
+            inserted: metrics.num_target_rows_inserted as i64,
+            deleted: metrics.num_target_rows_deleted as i64,
+            files_scanned: metrics.num_target_files_scanned as i64,
+        },
+    ))
+}
+
+/// What a MERGE did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeCounts {
+    pub updated: i64,
+    pub inserted: i64,
+    pub deleted: i64,
+    pub files_scanned: i64,
 }

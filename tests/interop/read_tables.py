@@ -1,7 +1,9 @@
 """Read kestrel's Delta tables with three independent readers and print what they see.
 
 usage: read_tables.py WAREHOUSE TABLE [TABLE ...]
-Prints JSON: {table: {reader: {rows, distinct_event_ids?, min_event_ts?, dates?}}}.
+Prints JSON: {table: {reader: {rows, distinct_event_ids?, min_event_ts?, dates?,
+final?, int_sums?}}}: gold tables (they have is_final) also report how many rows are
+final and the sum of every integer result column.
 """
 import json
 import os
@@ -41,6 +43,18 @@ def main():
                 f"count(DISTINCT event_date) FROM delta_scan('{path}')"
             ).fetchone()
             d.update({"distinct_event_ids": n, "min_event_ts": m, "dates": dates})
+        if "is_final" in cols:
+            d["final"] = con.execute(
+                f"SELECT count(*) FILTER (WHERE is_final) FROM delta_scan('{path}')"
+            ).fetchone()[0]
+            types = dict(
+                (r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{path}')").fetchall()
+            )
+            ints = [c for c in cols if types[c] == "BIGINT" and not c.startswith("_")]
+            d["int_sums"] = {
+                c: int(con.execute(f"SELECT coalesce(sum({c}), 0) FROM delta_scan('{path}')").fetchone()[0])
+                for c in ints
+            }
         res["duckdb"] = d
         out[t] = res
     print(json.dumps(out), flush=True)
@@ -56,6 +70,13 @@ def summarize_polars(df):
         m = df["event_ts"].dt.convert_time_zone("UTC").min()
         d["min_event_ts"] = m.strftime("%Y-%m-%dT%H:%M:%S.%f")
         d["dates"] = df["event_date"].n_unique()
+    if "is_final" in df.columns:
+        d["final"] = int(df["is_final"].sum())
+        d["int_sums"] = {
+            c: int(df[c].sum())
+            for c, t in df.schema.items()
+            if t == pl.Int64 and not c.startswith("_")
+        }
     return d
 
 

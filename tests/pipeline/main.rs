@@ -3,4 +3,5 @@
 
 mod common;
 mod ingest;
+mod jobs;
 mod s3;

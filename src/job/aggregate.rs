@@ -1,0 +1,854 @@
+//! The declarative windowed-aggregate operator: pure functions over Arrow record batches
+//! of bronze rows (no I/O), shared by micro-batch runs and backfills.
+//!
+//! One batch of a job, in order:
+//! 1. [`split_late`]: new rows older than `W − lookback` (W = watermark at batch start)
+//!    are too late; the rest are applied.
+//! 2. [`observe`] the new rows into the watermark, then advance it.
+//! 3. [`Touched`]: the windows the applied rows fall in, plus the windows whose end the
+//!    watermark passed in this batch (they turn final even if no new event hit them).
+//! 4. The runner reads the applied bronze rows of those windows; [`assign_windows`] (or
+//!    [`assign_sessions`]) gives each row its window(s) and [`aggregate`] runs the job's
+//!    SQL aggregates with DataFusion; [`gold_rows`] adds `window_end`, `is_final`,
+//!    `window_date` and the batch columns.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray, UInt32Array,
+};
+use arrow::compute::{cast, filter_record_batch, take_record_batch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::row::{OwnedRow, RowConverter, SortField};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+
+use crate::error::{Error, Result};
+use crate::schema::ts_type;
+use crate::time::watermark::Watermark;
+use crate::time::window::WindowSpec;
+use crate::time::Micros;
+
+/// Microseconds per day.
+pub const DAY: Micros = 86_400_000_000;
+/// Column holding a row's window start (micros) after assignment.
+pub const WINDOW_START: &str = "window_start";
+/// Column holding a session's end (micros) after session assignment.
+pub const SESSION_END: &str = "session_end";
+/// Merge-source column: `upsert` or `delete` (tombstone of a replaced session).
+pub const OP: &str = "_op";
+
+/// Event times of a bronze batch (micros, UTC).
+pub fn event_ts(batch: &RecordBatch) -> Result<&TimestampMicrosecondArray> {
+    let c = batch
+        .column_by_name("event_ts")
+        .ok_or_else(|| Error::Other("bronze rows without event_ts".into()))?;
+    c.as_primitive_opt::<TimestampMicrosecondType>()
+        .ok_or_else(|| Error::Other(format!("event_ts has type {}", c.data_type())))
+}
+
+/// Split new rows into (applied, too late) against `cutoff` = W − lookback (None: no
+/// watermark yet, nothing is late).
+pub fn split_late(
+    batch: &RecordBatch,
+    cutoff: Option<Micros>,
+) -> Result<(RecordBatch, RecordBatch)> {
+    let Some(cutoff) = cutoff else {
+        return Ok((batch.clone(), batch.slice(0, 0)));
+    };
+    let ts = event_ts(batch)?;
+    let late: BooleanArray = ts
+        .iter()
+        .map(|t| Some(t.is_some_and(|t| t < cutoff)))
+        .collect();
+    let applied = arrow::compute::not(&late)?;
+    Ok((
+        filter_record_batch(batch, &applied)?,
+        filter_record_batch(batch, &late)?,
+    ))
+}
+
+/// Feed new rows of `source` into the watermark: per source partition, the greatest
+/// event time and the newest arrival (`_landed_at`).
+pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<()> {
+    let ts = event_ts(batch)?;
+    let part = batch
+        .column_by_name("_source_partition")
+        .map(|c| cast(c, &DataType::Utf8))
+        .transpose()?;
+    let part = part.as_ref().map(|c| c.as_string::<i32>());
+    let landed = batch
+        .column_by_name("_landed_at")
+        .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>());
+    let mut per: BTreeMap<&str, (Micros, Micros)> = BTreeMap::new();
+    for i in 0..batch.num_rows() {
+        if ts.is_null(i) {
+            continue;
+        }
+        let p = part.map_or(
+            "default",
+            |p| {
+                if p.is_null(i) {
+                    "default"
+                } else {
+                    p.value(i)
+                }
+            },
+        );
+        let l = landed.map_or(ts.value(i), |l| {
+            if l.is_null(i) {
+                ts.value(i)
+            } else {
+                l.value(i)
+            }
+        });
+        let e = per.entry(p).or_insert((Micros::MIN, Micros::MIN));
+        e.0 = e.0.max(ts.value(i));
+        e.1 = e.1.max(l);
+    }
+    for (p, (max_ts, newest)) in per {
+        w.observe(source, p, max_ts, newest);
+    }
+    Ok(())
+}
+
+/// Encodes key columns into comparable, hashable rows.
+pub struct KeyEncoder {
+    keys: Vec<String>,
+    conv: RowConverter,
+}
+
+impl KeyEncoder {
+    /// An encoder for `keys` of `schema`.
+    pub fn new(schema: &Schema, keys: &[String]) -> Result<Self> {
+        let fields = keys
+            .iter()
+            .map(|k| {
+                schema
+                    .field_with_name(k)
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .map_err(|e| Error::Other(format!("key column {k}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KeyEncoder {
+            keys: keys.to_vec(),
+            conv: RowConverter::new(fields)?,
+        })
+    }
+
+    /// Key rows of every row of `batch`.
+    pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<OwnedRow>> {
+        let cols = self
+            .keys
+            .iter()
+            .map(|k| {
+                batch
+                    .column_by_name(k)
+                    .cloned()
+                    .ok_or_else(|| Error::Other(format!("rows without key column {k}")))
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let rows = self.conv.convert_columns(&cols)?;
+        Ok(rows.iter().map(|r| r.owned()).collect())
+    }
+
+    /// Key columns back from encoded rows.
+    pub fn decode<'a>(&self, rows: impl Iterator<Item = &'a OwnedRow>) -> Result<Vec<ArrayRef>> {
+        Ok(self.conv.convert_rows(rows.map(|r| r.row()))?)
+    }
+}
+
+/// The (key, window start) pairs a batch recomputes, for tumbling and sliding windows.
+#[derive(Debug, Default)]
+pub struct Touched {
+    /// Every (key, window start) to recompute.
+    pub windows: HashSet<(OwnedRow, Micros)>,
+    /// The subset touched by an applied new row whose window was already final at
+    /// batch start: corrections.
+    pub corrections: usize,
+}
+
+impl Touched {
+    /// Windows of the applied new rows; those already final (end <= `w_before`) are
+    /// corrections.
+    pub fn add_applied(
+        &mut self,
+        enc: &KeyEncoder,
+        spec: &WindowSpec,
+        applied: &RecordBatch,
+        w_before: Option<Micros>,
+    ) -> Result<()> {
+        let keys = enc.encode(applied)?;
+        let ts = event_ts(applied)?;
+        let mut corrected: HashSet<(OwnedRow, Micros)> = HashSet::new();
+        for (i, key) in keys.into_iter().enumerate() {
+            if ts.is_null(i) {
+                continue;
+            }
+            for (start, end) in spec.windows_for(ts.value(i)) {
+                if w_before.is_some_and(|w| end <= w) {
+                    corrected.insert((key.clone(), start));
+                }
+                self.windows.insert((key.clone(), start));
+            }
+        }
+        self.corrections += corrected.len();
+        Ok(())
+    }
+
+    /// Windows of `rows` (applied bronze rows near the watermark) whose end lies in
+    /// `(w_before, w_after]`: they turn final in this batch.
+    pub fn add_finalised(
+        &mut self,
+        enc: &KeyEncoder,
+        spec: &WindowSpec,
+        rows: &RecordBatch,
+        w_before: Option<Micros>,
+        w_after: Micros,
+    ) -> Result<()> {
+        let keys = enc.encode(rows)?;
+        let ts = event_ts(rows)?;
+        for (i, key) in keys.into_iter().enumerate() {
+            if ts.is_null(i) {
+                continue;
+            }
+            for (start, end) in spec.windows_for(ts.value(i)) {
+                if end <= w_after && w_before.is_none_or(|w| end > w) {
+                    self.windows.insert((key.clone(), start));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Event-time ranges `[lo, hi)` covering the touched windows, merged.
+    pub fn ranges(&self, spec: &WindowSpec) -> Vec<(Micros, Micros)> {
+        let size = window_size(spec);
+        let starts: Vec<Micros> = self.windows.iter().map(|(_, s)| *s).collect();
+        merge_ranges(starts.into_iter().map(|s| (s, s + size)).collect())
+    }
+}
+
+/// Length of a tumbling or sliding window (0 for sessions).
+pub fn window_size(spec: &WindowSpec) -> Micros {
+    match *spec {
+        WindowSpec::Tumbling { size } | WindowSpec::Sliding { size, .. } => size,
+        WindowSpec::Session { .. } => 0,
+    }
+}
+
+/// Sort and merge overlapping or adjacent `[lo, hi)` ranges.
+pub fn merge_ranges(mut r: Vec<(Micros, Micros)>) -> Vec<(Micros, Micros)> {
+    r.sort_unstable();
+    let mut out: Vec<(Micros, Micros)> = Vec::with_capacity(r.len());
+    for (lo, hi) in r {
+        match out.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+/// Event dates (days since the epoch) covered by `[lo, hi)` ranges.
+pub fn dates_of(ranges: &[(Micros, Micros)]) -> Vec<i32> {
+    let mut out: Vec<i32> = Vec::new();
+    for &(lo, hi) in ranges {
+        let (a, b) = (lo.div_euclid(DAY), (hi - 1).div_euclid(DAY));
+        for d in a..=b {
+            let d = d as i32;
+            if out.last() != Some(&d) && !out.contains(&d) {
+                out.push(d);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn append_int_columns(batch: &RecordBatch, cols: Vec<(&str, Vec<Micros>)>) -> Result<RecordBatch> {
+    let mut fields: Vec<Arc<Field>> = batch.schema().fields().iter().cloned().collect();
+    let mut arrays: Vec<ArrayRef> = batch.columns().to_vec();
+    for (name, values) in cols {
+        fields.push(Arc::new(Field::new(name, DataType::Int64, false)));
+        arrays.push(Arc::new(Int64Array::from(values)));
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+}
+
+/// Rows of `rows` in the touched windows, one copy per window they fall in, with a
+/// `window_start` column (micros).
+pub fn assign_windows(
+    enc: &KeyEncoder,
+    spec: &WindowSpec,
+    rows: &RecordBatch,
+    touched: &Touched,
+) -> Result<RecordBatch> {
+    let keys = enc.encode(rows)?;
+    let ts = event_ts(rows)?;
+    let mut idx: Vec<u32> = Vec::new();
+    let mut starts: Vec<Micros> = Vec::new();
+    for (i, key) in keys.into_iter().enumerate() {
+        if ts.is_null(i) {
+            continue;
+        }
+        for (start, _) in spec.windows_for(ts.value(i)) {
+            if touched.windows.contains(&(key.clone(), start)) {
+                idx.push(i as u32);
+                starts.push(start);
+            }
+        }
+    }
+    let taken = take_record_batch(rows, &UInt32Array::from(idx))?;
+    append_int_columns(&taken, vec![(WINDOW_START, starts)])
+}
+
+/// An existing gold session of a touched key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoldSession {
+    pub key: OwnedRow,
+    pub start: Micros,
+    pub end: Micros,
+    pub is_final: bool,
+}
+
+/// Which event-time span to recompute per key for session windows, and which existing
+/// sessions that span replaces.
+#[derive(Debug, Default)]
+pub struct SessionScope {
+    /// Per key: `[lo, hi]` (inclusive) bounded by true session boundaries.
+    pub spans: HashMap<OwnedRow, (Micros, Micros)>,
+    /// Existing sessions inside the spans (replaced: updated, or deleted if gone).
+    pub replaced: Vec<GoldSession>,
+    /// Keys touched by an applied new row (to count corrections).
+    applied: HashMap<OwnedRow, Vec<Micros>>,
+}
+
+impl SessionScope {
+    /// Add touch events (keys and event times of `rows`); `applied` marks the batch's
+    /// applied new rows (as opposed to rows touched only to finalise their session).
+    pub fn touch(&mut self, enc: &KeyEncoder, rows: &RecordBatch, applied: bool) -> Result<()> {
+        let keys = enc.encode(rows)?;
+        let ts = event_ts(rows)?;
+        for (i, key) in keys.into_iter().enumerate() {
+            if ts.is_null(i) {
+                continue;
+            }
+            let t = ts.value(i);
+            let span = self.spans.entry(key.clone()).or_insert((t, t));
+            span.0 = span.0.min(t);
+            span.1 = span.1.max(t);
+            if applied {
+                self.applied.entry(key).or_default().push(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Event-time range to look for existing sessions in: `[min lo − gap, max hi + gap]`.
+    pub fn lookup_range(&self, gap: Micros) -> Option<(Micros, Micros)> {
+        let lo = self.spans.values().map(|s| s.0).min()?;
+        let hi = self.spans.values().map(|s| s.1).max()?;
+        Some((lo - gap, hi + gap))
+    }
+
+    /// Widen each key's span to the existing sessions within `gap` of it, so the span
+    /// starts and ends at true session boundaries. `existing` are the gold sessions of the
+    /// looked-up range (any keys).
+    pub fn widen(&mut self, existing: Vec<GoldSession>, gap: Micros) {
+        let mut by_key: HashMap<OwnedRow, Vec<GoldSession>> = HashMap::new();
+        for s in existing {
+            if self.spans.contains_key(&s.key) {
+                by_key.entry(s.key.clone()).or_default().push(s);
+            }
+        }
+        for (key, mut sessions) in by_key {
+            sessions.sort_by_key(|s| s.start);
+            let Some(span) = self.spans.get_mut(&key) else {
+                continue;
+            };
+            // Grow until no existing session within `gap` of the span is left out: a
+            // session chain may link several existing sessions through new events.
+            let mut taken = vec![false; sessions.len()];
+            loop {
+                let mut grew = false;
+                for (i, s) in sessions.iter().enumerate() {
+                    if !taken[i] && s.end > span.0 - gap && s.start < span.1 + gap {
+                        taken[i] = true;
+                        span.0 = span.0.min(s.start);
+                        span.1 = span.1.max(s.end);
+                        grew = true;
+                    }
+                }
+                if !grew {
+                    break;
+                }
+            }
+            for (i, s) in sessions.into_iter().enumerate() {
+                if taken[i] {
+                    self.replaced.push(s);
+                }
+            }
+        }
+    }
+
+    /// Event-time ranges `[lo, hi)` to read from bronze, merged.
+    pub fn ranges(&self) -> Vec<(Micros, Micros)> {
+        merge_ranges(self.spans.values().map(|&(lo, hi)| (lo, hi + 1)).collect())
+    }
+
+    /// Number of new sessions that hold an applied new row and replace a session that
+    /// was already final: corrections.
+    pub fn corrections(&self, sessions: &[(OwnedRow, Micros, Micros)]) -> usize {
+        sessions
+            .iter()
+            .filter(|(key, start, end)| {
+                let hit = self
+                    .applied
+                    .get(key)
+                    .is_some_and(|ts| ts.iter().any(|t| t >= start && t <= end));
+                hit && self
+                    .replaced
+                    .iter()
+                    .any(|g| g.is_final && &g.key == key && g.start <= *end && g.end >= *start)
+            })
+            .count()
+    }
+}
+
+/// Assign sessions to the rows of `rows` that lie in their key's span: per key, events in
+/// event-time order, a gap `>= gap` starts a new session. Adds `window_start` (the
+/// session start) and `session_end` columns; returns the sessions found.
+pub fn assign_sessions(
+    enc: &KeyEncoder,
+    rows: &RecordBatch,
+    scope: &SessionScope,
+    gap: Micros,
+) -> Result<(RecordBatch, Vec<(OwnedRow, Micros, Micros)>)> {
+    let keys = enc.encode(rows)?;
+    let ts = event_ts(rows)?;
+    let mut per_key: HashMap<OwnedRow, Vec<(Micros, u32)>> = HashMap::new();
+    for (i, key) in keys.into_iter().enumerate() {
+        if ts.is_null(i) {
+            continue;
+        }
+        let t = ts.value(i);
+        if let Some(&(lo, hi)) = scope.spans.get(&key) {
+            if t >= lo && t <= hi {
+                per_key.entry(key).or_default().push((t, i as u32));
+            }
+        }
+    }
+    let mut idx: Vec<u32> = Vec::new();
+    let mut starts: Vec<Micros> = Vec::new();
+    let mut ends: Vec<Micros> = Vec::new();
+    let mut sessions = Vec::new();
+    for (key, mut events) in per_key {
+        events.sort_unstable();
+        let mut k = 0;
+        while k < events.len() {
+            let mut j = k;
+            while j + 1 < events.len() && events[j + 1].0 - events[j].0 < gap {
+                j += 1;
+            }
+            let (start, end) = (events[k].0, events[j].0);
+            for e in &events[k..=j] {
+                idx.push(e.1);
+                starts.push(start);
+                ends.push(end);
+            }
+            sessions.push((key.clone(), start, end));
+            k = j + 1;
+        }
+    }
+    let taken = take_record_batch(rows, &UInt32Array::from(idx))?;
+    let out = append_int_columns(&taken, vec![(WINDOW_START, starts), (SESSION_END, ends)])?;
+    Ok((out, sessions))
+}
+
+fn quoted(cols: &[String]) -> Vec<String> {
+    cols.iter().map(|c| format!("\"{c}\"")).collect()
+}
+
+/// Run the job's aggregates over assigned rows with DataFusion: one row per
+/// (keys, window_start[, session_end]). Returns the result's schema and rows.
+pub async fn aggregate(
+    assigned: RecordBatch,
+    keys: &[String],
+    aggregates: &[(String, String)],
+    session: bool,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let ctx = SessionContext::new_with_config(
+        datafusion::prelude::SessionConfig::new().with_target_partitions(2),
+    );
+    let schema = assigned.schema();
+    let table = MemTable::try_new(schema, vec![vec![assigned]])
+        .map_err(|e| Error::query("window rows", e))?;
+    ctx.register_table("w", Arc::new(table))
+        .map_err(|e| Error::query("window rows", e))?;
+    let mut group = quoted(keys);
+    group.push(format!("\"{WINDOW_START}\""));
+    if session {
+        group.push(format!("\"{SESSION_END}\""));
+    }
+    let aggs: Vec<String> = aggregates
+        .iter()
+        .map(|(c, e)| format!("{e} AS \"{c}\""))
+        .collect();
+    let g = group.join(", ");
+    let sql = format!("SELECT {g}, {} FROM w GROUP BY {g}", aggs.join(", "));
+    let df = ctx.sql(&sql).await.map_err(|e| Error::query(&sql, e))?;
+    let out_schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let rows = df.collect().await.map_err(|e| Error::query(&sql, e))?;
+    Ok((out_schema, rows))
+}
+
+/// Gold table schema: keys, window start/end (or session start/end), aggregates,
+/// `is_final`, `window_date` (partition), `_updated_at`, `_batch_id`. All nullable.
+pub fn gold_schema(agg_schema: &Schema, keys: &[String], session: bool) -> SchemaRef {
+    let (start, end) = if session {
+        ("session_start", "session_end")
+    } else {
+        ("window_start", "window_end")
+    };
+    let mut fields: Vec<Field> = Vec::new();
+    for k in keys {
+        if let Ok(f) = agg_schema.field_with_name(k) {
+            fields.push(Field::new(k, plain_type(f.data_type()), true));
+        }
+    }
+    fields.push(Field::new(start, ts_type(), true));
+    fields.push(Field::new(end, ts_type(), true));
+    for f in agg_schema.fields() {
+        let n = f.name().as_str();
+        if keys.iter().any(|k| k == n) || n == WINDOW_START || n == SESSION_END {
+            continue;
+        }
+        fields.push(Field::new(n, plain_type(f.data_type()), true));
+    }
+    fields.push(Field::new("is_final", DataType::Boolean, true));
+    fields.push(Field::new("window_date", DataType::Date32, true));
+    fields.push(Field::new("_updated_at", ts_type(), true));
+    fields.push(Field::new("_batch_id", DataType::Int64, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Delta has no view types: store Utf8View as Utf8, BinaryView as Binary.
+fn plain_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        other => other.clone(),
+    }
+}
+
+/// The gold schema plus the merge-source `_op` column.
+pub fn merge_schema(gold: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = gold.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(OP, DataType::Utf8, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Columns shared by every gold row of one batch.
+#[derive(Debug, Clone, Copy)]
+pub struct GoldStamp {
+    /// Watermark after the batch (None: no watermark yet, nothing final).
+    pub w_after: Option<Micros>,
+    /// Added to a window's end before comparing with W (the gap for sessions).
+    pub final_after: Micros,
+    pub batch_id: i64,
+    pub now_us: Micros,
+}
+
+/// Aggregated rows → merge-source rows (`_op = 'upsert'`) of the gold schema `gold`.
+pub fn gold_rows(
+    agg: &[RecordBatch],
+    gold: &SchemaRef,
+    spec: &WindowSpec,
+    stamp: GoldStamp,
+) -> Result<Vec<RecordBatch>> {
+    let session = matches!(spec, WindowSpec::Session { .. });
+    let size = window_size(spec);
+    let target = merge_schema(gold);
+    let mut out = Vec::with_capacity(agg.len());
+    for b in agg {
+        let n = b.num_rows();
+        let start = col_i64(b, WINDOW_START)?;
+        let end: Vec<Micros> = if session {
+            col_i64(b, SESSION_END)?.values().to_vec()
+        } else {
+            start.values().iter().map(|s| s + size).collect()
+        };
+        let mut cols: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+        for f in target.fields() {
+            let name = f.name().as_str();
+            let arr: ArrayRef = match name {
+                "window_start" | "session_start" => Arc::new(
+                    TimestampMicrosecondArray::from(start.values().to_vec()).with_timezone("UTC"),
+                ),
+                "window_end" | "session_end" => {
+                    Arc::new(TimestampMicrosecondArray::from(end.clone()).with_timezone("UTC"))
+                }
+                "is_final" => Arc::new(BooleanArray::from(
+                    end.iter()
+                        .map(|e| stamp.w_after.is_some_and(|w| e + stamp.final_after <= w))
+                        .collect::<Vec<bool>>(),
+                )),
+                "window_date" => Arc::new(Date32Array::from(
+                    start
+                        .values()
+                        .iter()
+                        .map(|s| s.div_euclid(DAY) as i32)
+                        .collect::<Vec<i32>>(),
+                )),
+                "_updated_at" => Arc::new(
+                    TimestampMicrosecondArray::from(vec![stamp.now_us; n]).with_timezone("UTC"),
+                ),
+                "_batch_id" => Arc::new(Int64Array::from(vec![stamp.batch_id; n])),
+                OP => Arc::new(StringArray::from(vec!["upsert"; n])),
+                other => {
+                    let c = b.column_by_name(other).ok_or_else(|| {
+                        Error::Other(format!("aggregate result lacks column {other}"))
+                    })?;
+                    cast(c, f.data_type())?
+                }
+            };
+            cols.push(arr);
+        }
+        out.push(RecordBatch::try_new(target.clone(), cols)?);
+    }
+    Ok(out)
+}
+
+/// Tombstones (`_op = 'delete'`) for replaced sessions that no longer exist: key
+/// columns, `session_start` and `window_date` set, the rest null.
+pub fn tombstones(
+    gone: &[GoldSession],
+    key_columns: &[ArrayRef],
+    gold: &SchemaRef,
+    keys: &[String],
+) -> Result<RecordBatch> {
+    let target = merge_schema(gold);
+    let n = gone.len();
+    let mut cols: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+    for f in target.fields() {
+        let name = f.name().as_str();
+        let arr: ArrayRef = if let Some(i) = keys.iter().position(|k| k == name) {
+            cast(&key_columns[i], f.data_type())?
+        } else {
+            match name {
+                "session_start" => Arc::new(
+                    TimestampMicrosecondArray::from(
+                        gone.iter().map(|g| g.start).collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                "window_date" => Arc::new(Date32Array::from(
+                    gone.iter()
+                        .map(|g| g.start.div_euclid(DAY) as i32)
+                        .collect::<Vec<i32>>(),
+                )),
+                OP => Arc::new(StringArray::from(vec!["delete"; n])),
+                _ => arrow::array::new_null_array(f.data_type(), n),
+            }
+        };
+        cols.push(arr);
+    }
+    Ok(RecordBatch::try_new(target, cols)?)
+}
+
+/// Column `name` as Int64 (casting timestamps to their micros).
+pub fn col_i64(b: &RecordBatch, name: &str) -> Result<Int64Array> {
+    let c = b
+        .column_by_name(name)
+        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
+    let a = cast(c, &DataType::Int64)?;
+    Ok(a.as_primitive::<arrow::datatypes::Int64Type>().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::watermark::Watermark;
+
+    const M: Micros = 60_000_000;
+
+    fn rows(data: &[(&str, Micros)]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("sku", DataType::Utf8, false),
+            Field::new("event_ts", ts_type(), false),
+            Field::new("amount", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(
+                    data.iter().map(|d| d.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from(data.iter().map(|d| d.1).collect::<Vec<_>>())
+                        .with_timezone("UTC"),
+                ),
+                Arc::new(Int64Array::from(vec![1; data.len()])),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn keys() -> Vec<String> {
+        vec!["sku".to_string()]
+    }
+
+    #[test]
+    fn late_rows_are_those_before_the_cutoff() {
+        let b = rows(&[("a", 10 * M), ("a", 2 * M), ("b", 5 * M)]);
+        let (applied, late) = split_late(&b, Some(5 * M)).unwrap();
+        assert_eq!((applied.num_rows(), late.num_rows()), (2, 1));
+        let (applied, late) = split_late(&b, None).unwrap();
+        assert_eq!((applied.num_rows(), late.num_rows()), (3, 0));
+    }
+
+    #[test]
+    fn observe_uses_event_time_when_no_arrival_column() {
+        let mut w = Watermark::new(&["orders"], 0, 5 * M);
+        observe(&mut w, "orders", &rows(&[("a", 10 * M), ("a", 3 * M)])).unwrap();
+        assert_eq!(w.advance(), Some(10 * M));
+    }
+
+    #[tokio::test]
+    async fn sliding_windows_recompute_only_touched_pairs_and_count_corrections() {
+        let spec = WindowSpec::Sliding {
+            size: 10 * M,
+            slide: 5 * M,
+        };
+        let b = rows(&[("a", 12 * M), ("b", 1 * M)]);
+        let enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
+        let mut t = Touched::default();
+        // W = 11 min at batch start: window [0,10) of b is final → a correction
+        t.add_applied(&enc, &spec, &b, Some(11 * M)).unwrap();
+        assert_eq!(t.windows.len(), 4); // a: [5,15) [10,20); b: [-5,5) [0,10)
+        assert_eq!(t.corrections, 2); // b's two windows both ended by 11 min
+        assert_eq!(t.ranges(&spec), vec![(-5 * M, 20 * M)]);
+        // bronze holds one more row of a in [10,20) and one of c (not touched)
+        let bronze = rows(&[("a", 12 * M), ("a", 17 * M), ("b", 1 * M), ("c", 12 * M)]);
+        let assigned = assign_windows(&enc, &spec, &bronze, &t).unwrap();
+        assert_eq!(assigned.num_rows(), 5); // a@12 ×2, a@17 ×1 ([10,20)), b@1 ×2
+        let aggs = vec![("n".to_string(), "count(*)".to_string())];
+        let (schema, out) = aggregate(assigned, &keys(), &aggs, false).await.unwrap();
+        let gold = gold_schema(&schema, &keys(), false);
+        let stamp = GoldStamp {
+            w_after: Some(16 * M),
+            final_after: 0,
+            batch_id: 7,
+            now_us: 0,
+        };
+        let g = gold_rows(&out, &gold, &spec, stamp).unwrap();
+        let g = arrow::compute::concat_batches(&g[0].schema(), &g).unwrap();
+        assert_eq!(g.num_rows(), 4);
+        let mut got: Vec<(String, i64, i64, bool)> = (0..g.num_rows())
+            .map(|i| {
+                (
+                    g.column_by_name("sku")
+                        .unwrap()
+                        .as_string::<i32>()
+                        .value(i)
+                        .to_string(),
+                    col_i64(&g, "window_start").unwrap().value(i) / M,
+                    col_i64(&g, "n").unwrap().value(i),
+                    g.column_by_name("is_final").unwrap().as_boolean().value(i),
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("a".into(), 5, 1, true),
+                ("a".into(), 10, 2, false),
+                ("b".into(), -5, 1, true),
+                ("b".into(), 0, 1, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn finalisation_adds_windows_whose_end_the_watermark_passed() {
+        let spec = WindowSpec::Tumbling { size: 5 * M };
+        let b = rows(&[("a", 1 * M), ("a", 6 * M), ("a", 11 * M)]);
+        let enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
+        let mut t = Touched::default();
+        t.add_finalised(&enc, &spec, &b, Some(5 * M), 10 * M)
+            .unwrap();
+        let starts: Vec<Micros> = t.windows.iter().map(|(_, s)| *s / M).collect();
+        assert_eq!(starts, vec![5]);
+    }
+
+    #[test]
+    fn a_late_event_bridging_two_sessions_replaces_both() {
+        let gap = 30 * M;
+        let enc = KeyEncoder::new(&rows(&[]).schema(), &keys()).unwrap();
+        let key = |s: &str| enc.encode(&rows(&[(s, 0)])).unwrap().remove(0);
+        let mut scope = SessionScope::default();
+        // the late event at 25 min links [0,10] and [40,50]
+        scope.touch(&enc, &rows(&[("u", 25 * M)]), true).unwrap();
+        assert_eq!(scope.lookup_range(gap), Some((-5 * M, 55 * M)));
+        scope.widen(
+            vec![
+                GoldSession {
+                    key: key("u"),
+                    start: 0,
+                    end: 10 * M,
+                    is_final: true,
+                },
+                GoldSession {
+                    key: key("u"),
+                    start: 40 * M,
+                    end: 50 * M,
+                    is_final: true,
+                },
+                GoldSession {
+                    key: key("u"),
+                    start: 200 * M,
+                    end: 210 * M,
+                    is_final: false,
+                },
+                GoldSession {
+                    key: key("v"),
+                    start: 0,
+                    end: 10 * M,
+                    is_final: true,
+                },
+            ],
+            gap,
+        );
+        assert_eq!(scope.spans[&key("u")], (0, 50 * M));
+        assert_eq!(scope.replaced.len(), 2);
+        let bronze = rows(&[
+            ("u", 0),
+            ("u", 10 * M),
+            ("u", 25 * M),
+            ("u", 40 * M),
+            ("u", 50 * M),
+            ("u", 200 * M),
+            ("v", 5 * M),
+        ]);
+        let (assigned, sessions) = assign_sessions(&enc, &bronze, &scope, gap).unwrap();
+        assert_eq!(assigned.num_rows(), 5);
+        assert_eq!(sessions, vec![(key("u"), 0, 50 * M)]);
+        assert_eq!(scope.corrections(&sessions), 1);
+    }
+
+    #[test]
+    fn ranges_merge_and_dates_cover_them() {
+        assert_eq!(
+            merge_ranges(vec![(5, 10), (0, 5), (20, 30), (25, 26)]),
+            vec![(0, 10), (20, 30)]
+        );
+        assert_eq!(
+            dates_of(&[(DAY - 1, DAY + 1), (3 * DAY, 3 * DAY + 5)]),
+            vec![0, 1, 3]
+        );
+    }
+}

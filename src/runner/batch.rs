@@ -1,0 +1,615 @@
+//! One job micro-batch, exactly once.
+//!
+//! Protocol for batch `n` of a job (each step idempotent; a crash anywhere and a re-run
+//! give the same tables):
+//! 1. `n` = last job batch in the run log + 1. If plan `n` exists it is re-executed as is;
+//!    otherwise plan `n` takes, per source, the next completed ingestion batch after the
+//!    position of result `n−1` and is written put-if-absent. Nothing new: no batch.
+//! 2. Unless gold already holds txn (`kestrel-job-<job>`, n), compute: read the new
+//!    bronze rows, split off the too-late ones, advance the watermark, recompute the
+//!    touched windows from applied bronze rows, and write result `n` (state + counts)
+//!    put-if-absent.
+//! 3. Append too-late rows to `late/<job>` with txn (`kestrel-late-<job>`, n).
+//! 4. MERGE into the gold table with txn (`kestrel-job-<job>`, n): keys + window start,
+//!    plus a literal `IN` list of the window dates, so only those partitions are read.
+//! 5. Append the run-log entry with txn (`kestrel-runlog-job-<job>`, n): batch `n` is
+//!    complete once this commit exists.
+//!
+//! What a job has consumed is therefore recorded in Delta commits: the gold commit of
+//! batch `n` carries `n`, and plan `n` names the ingestion batches (= bronze commits,
+//! which carry the ingestion batch id as their own txn) it consumed.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
+use chrono::Utc;
+use datafusion::prelude::{col, SessionContext};
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::fault;
+use crate::job::aggregate::{
+    self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched,
+};
+use crate::job::plan::{self, Input, JobCounts, JobPlan, JobResult, JobState};
+use crate::job::spec::{JobKind, JobSpec, LatePolicy};
+use crate::lease::Lease;
+use crate::runlog::{self, JobEntry};
+use crate::runner::ingest::bronze_path;
+use crate::runner::read;
+use crate::schema::SourceSchema;
+use crate::sink::delta::{self, MergeSpec, Warehouse};
+use crate::sink::late;
+use crate::time::window::WindowSpec;
+use crate::time::Micros;
+
+/// Application id of a job's gold commits.
+pub fn app_id(job: &str) -> String {
+    format!("kestrel-job-{job}")
+}
+
+/// Partition column of gold tables of windowed jobs.
+pub const GOLD_PARTITION: &str = "window_date";
+
+fn now_us() -> Micros {
+    Utc::now().timestamp_micros()
+}
+
+fn micros(d: std::time::Duration) -> Micros {
+    i64::try_from(d.as_micros()).unwrap_or(Micros::MAX)
+}
+
+/// What one run did for one job.
+#[derive(Debug, Clone, Default)]
+pub struct JobReport {
+    pub job: String,
+    pub batches: Vec<JobEntry>,
+    /// Why the job did not run (an operator that is not built yet).
+    pub skipped: Option<String>,
+    /// The job's watermark after this run (also when no batch ran).
+    pub watermark: Option<Micros>,
+}
+
+impl JobReport {
+    fn sum(&self, f: impl Fn(&JobCounts) -> i64) -> i64 {
+        self.batches.iter().map(|b| f(&b.counts)).sum()
+    }
+    pub fn applied(&self) -> i64 {
+        self.sum(|c| c.applied)
+    }
+    pub fn too_late(&self) -> i64 {
+        self.sum(|c| c.too_late)
+    }
+    pub fn windows_recomputed(&self) -> i64 {
+        self.sum(|c| c.windows_recomputed)
+    }
+    pub fn corrections(&self) -> i64 {
+        self.sum(|c| c.corrections)
+    }
+}
+
+/// A computed batch: its durable result and the rows to commit.
+struct Computed {
+    result: JobResult,
+    late: Option<RecordBatch>,
+    gold: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+/// Runs jobs against one warehouse.
+pub struct JobRunner {
+    wh: Warehouse,
+    schemas: BTreeMap<String, Arc<SourceSchema>>,
+    run_id: String,
+    lease_ttl: std::time::Duration,
+}
+
+impl JobRunner {
+    /// A runner over `wh` with the loaded source schemas.
+    pub fn new(
+        wh: Warehouse,
+        schemas: BTreeMap<String, Arc<SourceSchema>>,
+        lease_ttl: std::time::Duration,
+    ) -> Self {
+        JobRunner {
+            wh,
+            schemas,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            lease_ttl,
+        }
+    }
+
+    /// Run every batch of `spec` that newly ingested data allows.
+    pub async fn run_job(&self, spec: &JobSpec) -> Result<JobReport> {
+        let mut report = JobReport {
+            job: spec.name.clone(),
+            ..Default::default()
+        };
+        if let JobKind::Operator { operator } = &spec.kind {
+            report.skipped = Some(format!(
+                "the `{operator}` operator is not part of this release yet"
+            ));
+            return Ok(report);
+        }
+        let mut lease =
+            Lease::acquire(&self.wh, &format!("job-{}", spec.name), self.lease_ttl).await?;
+        let mut result = self.run_batches(spec, &mut lease, &mut report).await;
+        if result.is_ok() {
+            match self.state_after_last(spec).await {
+                Ok(s) => report.watermark = s.and_then(|s| s.watermark.current),
+                Err(e) => result = Err(e),
+            }
+        }
+        if let Err(e) = lease.release().await {
+            warn!(job = %spec.name, error = %e, "could not release lease");
+        }
+        result.map(|()| report)
+    }
+
+    async fn run_batches(
+        &self,
+        spec: &JobSpec,
+        lease: &mut Lease,
+        report: &mut JobReport,
+    ) -> Result<()> {
+        loop {
+            if !report.batches.is_empty() {
+                lease.renew(self.lease_ttl).await?;
+            }
+            let done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
+            let n = done + 1;
+            let plan = match plan::read_plan(&self.wh, &spec.name, n).await? {
+                Some(p) => {
+                    info!(job = %spec.name, batch = n, "resuming planned batch");
+                    p
+                }
+                None => match self.plan_next(spec, n).await? {
+                    Some(p) => p,
+                    None => break,
+                },
+            };
+            fault::point("job_after_plan");
+            let entry = self.execute(spec, &plan).await?;
+            report.batches.push(entry);
+        }
+        Ok(())
+    }
+
+    /// The state after the job's last completed batch (None before its first).
+    async fn state_after_last(&self, spec: &JobSpec) -> Result<Option<JobState>> {
+        let done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
+        if done == 0 {
+            return Ok(None);
+        }
+        self.state_before(spec, done + 1).await.map(Some)
+    }
+
+    /// The state before batch `n`: result `n−1`'s, or the initial state.
+    async fn state_before(&self, spec: &JobSpec, n: i64) -> Result<JobState> {
+        if n <= 1 {
+            return Ok(JobState::initial(
+                &spec.sources,
+                micros(spec.time.watermark_delay),
+                micros(spec.time.idle_timeout),
+            ));
+        }
+        plan::read_result(&self.wh, &spec.name, n - 1)
+            .await?
+            .map(|r| r.state)
+            .ok_or_else(|| Error::Plan {
+                path: format!("_kestrel/plans/job/{}/{:020}.result.json", spec.name, n - 1),
+                reason: "missing: the job's history is incomplete".into(),
+            })
+    }
+
+    /// Plan batch `n`: per source, the next completed ingestion batch (one at a time, as a
+    /// live pipeline would have seen them). None when no source has one.
+    async fn plan_next(&self, spec: &JobSpec, n: i64) -> Result<Option<JobPlan>> {
+        let state = self.state_before(spec, n).await?;
+        let mut inputs = BTreeMap::new();
+        let mut any = false;
+        for s in &spec.sources {
+            let after = state.positions.get(s).copied().unwrap_or(0);
+            let ingested = runlog::last_batch(&self.wh, "ingest", s).await?;
+            let upto = ingested.min(after + 1).max(after);
+            any |= upto > after;
+            let bronze_version = match self.wh.open(&bronze_path(s)).await? {
+                Some(t) => t.version().map(|v| v as i64),
+                None => None,
+            };
+            inputs.insert(
+                s.clone(),
+                Input {
+                    after_batch: after,
+                    upto_batch: upto,
+                    bronze_version,
+                },
+            );
+        }
+        if !any {
+            return Ok(None);
+        }
+        let p = JobPlan {
+            job: spec.name.clone(),
+            batch_id: n,
+            created_at: Utc::now().to_rfc3339(),
+            inputs,
+        };
+        plan::write_plan(&self.wh, &p).await.map(Some)
+    }
+
+    async fn execute(&self, spec: &JobSpec, plan: &JobPlan) -> Result<JobEntry> {
+        let started = now_us();
+        let t0 = Instant::now();
+        let n = plan.batch_id;
+        let gold_done = match self.wh.open(&spec.table).await? {
+            Some(t) => {
+                delta::txn_version(&t, &app_id(&spec.name))
+                    .await?
+                    .unwrap_or(0)
+                    >= n
+            }
+            None => false,
+        };
+        let durable = plan::read_result(&self.wh, &spec.name, n).await?;
+        let computed = match (gold_done, durable) {
+            (true, Some(result)) => Computed {
+                result,
+                late: None,
+                gold: None,
+            },
+            _ => {
+                let before = self.state_before(spec, n).await?;
+                let mut c = self.compute(spec, plan, before).await?;
+                c.result = plan::write_result(&self.wh, &c.result).await?;
+                c
+            }
+        };
+        let compute_ms = t0.elapsed().as_millis();
+        fault::point("job_after_compute");
+        let counts = computed.result.counts.clone();
+        if let (Some(rows), LatePolicy::SideOutput) = (&computed.late, spec.time.late_policy) {
+            if rows.num_rows() > 0 {
+                self.append_late(spec, rows, n).await?;
+            }
+        }
+        fault::point("job_after_late");
+        let mut written = counts.windows_recomputed + counts.deleted;
+        if let Some((schema, rows)) = computed.gold {
+            if !gold_done && !rows.is_empty() {
+                written = self.merge_gold(spec, &schema, rows, n).await?;
+            }
+        }
+        fault::point("job_after_gold");
+        let entry = JobEntry {
+            run_id: self.run_id.clone(),
+            job: spec.name.clone(),
+            batch_id: n,
+            started_at_us: started,
+            finished_at_us: now_us(),
+            counts,
+            rows_written: written,
+            status: "ok".into(),
+            message: None,
+        };
+        runlog::log_job(&self.wh, &entry).await?;
+        fault::point("job_after_runlog");
+        info!(
+            job = %spec.name,
+            batch = n,
+            compute_ms,
+            total_ms = t0.elapsed().as_millis() as u64,
+            applied = entry.counts.applied,
+            windows = entry.counts.windows_recomputed,
+            "job batch done"
+        );
+        Ok(entry)
+    }
+
+    async fn append_late(&self, spec: &JobSpec, rows: &RecordBatch, n: i64) -> Result<()> {
+        let path = late::table_path(&spec.name);
+        let table = self
+            .wh
+            .open_or_create(&path, &rows.schema(), &[late::PARTITION])
+            .await?;
+        let app = late::app_id(&spec.name);
+        if delta::txn_version(&table, &app).await?.unwrap_or(0) >= n {
+            return Ok(());
+        }
+        delta::append(table, vec![rows.clone()], &[late::PARTITION], &app, n).await?;
+        Ok(())
+    }
+
+    async fn merge_gold(
+        &self,
+        spec: &JobSpec,
+        schema: &SchemaRef,
+        rows: Vec<RecordBatch>,
+        n: i64,
+    ) -> Result<i64> {
+        let table = self
+            .wh
+            .open_or_create(&spec.table, schema, &[GOLD_PARTITION])
+            .await?;
+        let mut days: Vec<i32> = Vec::new();
+        for b in &rows {
+            if let Some(d) = b.column_by_name(GOLD_PARTITION) {
+                days.extend(
+                    d.as_primitive::<arrow::datatypes::Date32Type>()
+                        .values()
+                        .iter(),
+                );
+            }
+        }
+        days.sort_unstable();
+        days.dedup();
+        let keys: Vec<(String, bool)> = spec
+            .merge_keys
+            .iter()
+            .map(|k| {
+                let nullable = self.schemas[&spec.sources[0]]
+                    .bronze
+                    .field_with_name(k)
+                    .map(|f| f.is_nullable())
+                    .unwrap_or(false);
+                (k.clone(), nullable)
+            })
+            .collect();
+        let ms = MergeSpec {
+            keys: &keys,
+            partition: (GOLD_PARTITION, days),
+            columns: schema.fields().iter().map(|f| f.name().clone()).collect(),
+            op_column: agg::OP,
+        };
+        let (_, counts) = delta::merge(table, rows, &ms, &app_id(&spec.name), n).await?;
+        info!(
+            job = %spec.name,
+            batch = n,
+            updated = counts.updated,
+            inserted = counts.inserted,
+            deleted = counts.deleted,
+            files_scanned = counts.files_scanned,
+            "gold merge"
+        );
+        Ok(counts.updated + counts.inserted + counts.deleted)
+    }
+
+    async fn compute(
+        &self,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        mut state: JobState,
+    ) -> Result<Computed> {
+        let JobKind::Aggregate {
+            keys,
+            window,
+            aggregates,
+        } = &spec.kind
+        else {
+            return Err(Error::Other(format!("{} is not a windowed job", spec.name)));
+        };
+        let source = &spec.sources[0];
+        let schema = self.schemas[source].bronze.clone();
+        let input = plan.inputs.get(source).ok_or_else(|| Error::Plan {
+            path: format!("job plan {} of {}", plan.batch_id, spec.name),
+            reason: format!("no input for source {source}"),
+        })?;
+        let lookback = micros(spec.time.lookback);
+        let bronze = self.wh.open(&bronze_path(source)).await?;
+        let ctx = match &bronze {
+            Some(t) => Some(delta::session_with(t, "bronze").await?),
+            None => None,
+        };
+        let read_bronze = |filter| {
+            let ctx = ctx.clone();
+            let schema = schema.clone();
+            async move {
+                match ctx {
+                    Some(ctx) => read::read(&ctx, "bronze", filter, &schema).await,
+                    None => Ok(RecordBatch::new_empty(schema)),
+                }
+            }
+        };
+
+        // 1. New rows; lateness is judged against W at batch start.
+        let new = read_bronze(read::batches_between(input.after_batch, input.upto_batch)).await?;
+        let w_before = state.watermark.current;
+        let cutoff = w_before.map(|w| w - lookback);
+        let (applied, late_rows) = agg::split_late(&new, cutoff)?;
+        // 2. Advance the watermark.
+        agg::observe(&mut state.watermark, source, &new)?;
+        let w_after = state.watermark.advance();
+        state.positions.insert(source.clone(), input.upto_batch);
+        if let Some(c) = cutoff {
+            state.push_cutoff(source, input, c, c - lookback);
+        }
+        let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
+        let upto = input.upto_batch;
+        let advanced = match (w_before, w_after) {
+            (_, None) => None,
+            (Some(b), Some(a)) if a <= b => None,
+            (b, Some(a)) => Some((b, a)),
+        };
+
+        // 3–4. Touched windows, recomputed from applied bronze rows.
+        let enc = KeyEncoder::new(&schema, keys)?;
+        let now = now_us();
+        let (gold, windows, deleted, corrections) = match window {
+            WindowSpec::Session { gap } => {
+                let gap = *gap;
+                let mut scope = SessionScope::default();
+                scope.touch(&enc, &applied, true)?;
+                if let Some((b, a)) = advanced {
+                    // Sessions whose end + gap the watermark passed now turn final.
+                    let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
+                    let rows = read_bronze(read::applied_in_ranges(
+                        &[(lo, a - gap + 1)],
+                        upto,
+                        &cutoffs,
+                    ))
+                    .await?;
+                    scope.touch(&enc, &rows, false)?;
+                }
+                if let Some((lo, hi)) = scope.lookup_range(gap) {
+                    let existing = self
+                        .gold_sessions(spec, &enc, keys, (lo, hi), lookback)
+                        .await?;
+                    scope.widen(existing, gap);
+                }
+                let ranges = scope.ranges();
+                let rows = if ranges.is_empty() {
+                    RecordBatch::new_empty(schema.clone())
+                } else {
+                    read_bronze(read::applied_in_ranges(&ranges, upto, &cutoffs)).await?
+                };
+                let (assigned, sessions) = agg::assign_sessions(&enc, &rows, &scope, gap)?;
+                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
+                let gold_schema = agg::gold_schema(&agg_schema, keys, true);
+                let stamp = GoldStamp {
+                    w_after,
+                    final_after: gap,
+                    batch_id: plan.batch_id,
+                    now_us: now,
+                };
+                let mut rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+                let kept: HashSet<(&arrow::row::OwnedRow, Micros)> =
+                    sessions.iter().map(|(k, s, _)| (k, *s)).collect();
+                let gone: Vec<GoldSession> = scope
+                    .replaced
+                    .iter()
+                    .filter(|g| !kept.contains(&(&g.key, g.start)))
+                    .cloned()
+                    .collect();
+                if !gone.is_empty() {
+                    let key_cols = enc.decode(gone.iter().map(|g| &g.key))?;
+                    rows.push(agg::tombstones(&gone, &key_cols, &gold_schema, keys)?);
+                }
+                let corrections = scope.corrections(&sessions);
+                ((gold_schema, rows), sessions.len(), gone.len(), corrections)
+            }
+            _ => {
+                let mut touched = Touched::default();
+                touched.add_applied(&enc, window, &applied, w_before)?;
+                if let Some((b, a)) = advanced {
+                    // Windows whose end the watermark passed now turn final.
+                    let size = agg::window_size(window);
+                    let lo = b.map_or(Micros::MIN / 2, |b| b - size + 1);
+                    let rows =
+                        read_bronze(read::applied_in_ranges(&[(lo, a)], upto, &cutoffs)).await?;
+                    touched.add_finalised(&enc, window, &rows, b, a)?;
+                }
+                let ranges = touched.ranges(window);
+                let rows = if ranges.is_empty() {
+                    RecordBatch::new_empty(schema.clone())
+                } else {
+                    read_bronze(read::applied_in_ranges(&ranges, upto, &cutoffs)).await?
+                };
+                let assigned = agg::assign_windows(&enc, window, &rows, &touched)?;
+                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
+                let gold_schema = agg::gold_schema(&agg_schema, keys, false);
+                let stamp = GoldStamp {
+                    w_after,
+                    final_after: 0,
+                    batch_id: plan.batch_id,
+                    now_us: now,
+                };
+                let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+                let windows = rows.iter().map(|b| b.num_rows()).sum();
+                ((gold_schema, rows), windows, 0, touched.corrections)
+            }
+        };
+
+        let late = match (cutoff, w_before) {
+            (Some(c), Some(w)) if late_rows.num_rows() > 0 => Some(late::rows(
+                &late_rows,
+                plan.batch_id,
+                w,
+                c,
+                &late::reason(w, spec.time.lookback),
+                now,
+            )?),
+            _ => None,
+        };
+        let counts = JobCounts {
+            rows_in: new.num_rows() as i64,
+            applied: applied.num_rows() as i64,
+            too_late: late_rows.num_rows() as i64,
+            windows_recomputed: windows as i64,
+            deleted: deleted as i64,
+            corrections: corrections as i64,
+            watermark_before: w_before,
+            watermark_after: w_after,
+        };
+        Ok(Computed {
+            result: JobResult {
+                job: spec.name.clone(),
+                batch_id: plan.batch_id,
+                state,
+                counts,
+            },
+            late,
+            gold: Some(gold),
+        })
+    }
+
+    /// Existing gold sessions ending at or after `lo` and starting at or before `hi`,
+    /// looked up in the window dates from `lo − lookback` (sessions are assumed shorter
+    /// than the lookback) to `hi`.
+    async fn gold_sessions(
+        &self,
+        spec: &JobSpec,
+        enc: &KeyEncoder,
+        keys: &[String],
+        (lo, hi): (Micros, Micros),
+        lookback: Micros,
+    ) -> Result<Vec<GoldSession>> {
+        let bronze = &self.schemas[&spec.sources[0]].bronze;
+        let Some(table) = self.wh.open(&spec.table).await? else {
+            return Ok(Vec::new());
+        };
+        let ctx: SessionContext = delta::session_with(&table, "gold").await?;
+        let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
+        let filter = read::dates_in(GOLD_PARTITION, &days)
+            .and(col("session_end").gt_eq(read::ts_lit(lo)))
+            .and(col("session_start").lt_eq(read::ts_lit(hi)));
+        // Key columns typed as in bronze, so their encodings compare equal.
+        let mut fields: Vec<arrow::datatypes::Field> = keys
+            .iter()
+            .map(|k| {
+                bronze
+                    .field_with_name(k)
+                    .map(|f| f.clone())
+                    .map_err(|e| Error::Other(format!("key {k}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        for (name, ty) in [
+            ("session_start", crate::schema::ts_type()),
+            ("session_end", crate::schema::ts_type()),
+            ("is_final", arrow::datatypes::DataType::Boolean),
+        ] {
+            fields.push(arrow::datatypes::Field::new(name, ty, true));
+        }
+        let target: SchemaRef = Arc::new(Schema::new(fields));
+        let b = read::read(&ctx, "gold", filter, &target).await?;
+        let key_rows = enc.encode(&b)?;
+        let start = b
+            .column(keys.len())
+            .as_primitive::<TimestampMicrosecondType>();
+        let end = b
+            .column(keys.len() + 1)
+            .as_primitive::<TimestampMicrosecondType>();
+        let fin = b.column(keys.len() + 2).as_boolean();
+        Ok(key_rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, key)| GoldSession {
+                key,
+                start: start.value(i),
+                end: end.value(i),
+                is_final: fin.value(i),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,71 @@
+//! The late-data ledger `late/<job>`: events too late for a job's windows (event_ts
+//! before the watermark at batch start minus the job's lookback), with the watermark
+//! at the time and the reason. Queryable like any Delta table; partitioned by event date.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::error::Result;
+use crate::schema::{ts_type, EVENT_DATE};
+use crate::time::Micros;
+
+/// Table path of a job's late ledger.
+pub fn table_path(job: &str) -> String {
+    format!("late/{job}")
+}
+
+/// Application id of a job's late-ledger commits.
+pub fn app_id(job: &str) -> String {
+    format!("kestrel-late-{job}")
+}
+
+/// Partition column.
+pub const PARTITION: &str = EVENT_DATE;
+
+/// Schema: the bronze columns, then `_job_batch_id`, `_watermark`, `_cutoff`, `_reason`,
+/// `_recorded_at`.
+pub fn schema(bronze: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = bronze.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new("_job_batch_id", DataType::Int64, true));
+    fields.push(Field::new("_watermark", ts_type(), true));
+    fields.push(Field::new("_cutoff", ts_type(), true));
+    fields.push(Field::new("_reason", DataType::Utf8, true));
+    fields.push(Field::new("_recorded_at", ts_type(), true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Why rows were too late, in words.
+pub fn reason(watermark: Micros, lookback: std::time::Duration) -> String {
+    let w = chrono::DateTime::from_timestamp_micros(watermark)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| watermark.to_string());
+    format!(
+        "event_ts before the watermark ({w}) minus lookback ({}s): its windows are closed",
+        lookback.as_secs()
+    )
+}
+
+/// Late-ledger rows for `late` (bronze rows conformed to the bronze schema).
+pub fn rows(
+    late: &RecordBatch,
+    job_batch: i64,
+    watermark: Micros,
+    cutoff: Micros,
+    why: &str,
+    now_us: Micros,
+) -> Result<RecordBatch> {
+    let n = late.num_rows();
+    let target = schema(&late.schema());
+    let mut cols: Vec<ArrayRef> = late.columns().to_vec();
+    let ts = |v: Micros| -> ArrayRef {
+        Arc::new(TimestampMicrosecondArray::from(vec![v; n]).with_timezone("UTC"))
+    };
+    cols.push(Arc::new(Int64Array::from(vec![job_batch; n])));
+    cols.push(ts(watermark));
+    cols.push(ts(cutoff));
+    cols.push(Arc::new(StringArray::from(vec![why; n])));
+    cols.push(ts(now_us));
+    Ok(RecordBatch::try_new(target, cols)?)
+}
