@@ -40,6 +40,53 @@ pub const SESSION_END: &str = "session_end";
 /// Merge-source column: `upsert` or `delete` (tombstone of a replaced session).
 pub const OP: &str = "_op";
 
+/// Bronze bookkeeping columns a job never reads.
+pub const UNREAD_COLUMNS: [&str; 3] = ["_source_file", "_source_line", "_ingested_at"];
+
+/// The bronze columns a job's recompute reads (and its aggregates may use): everything
+/// but file/line bookkeeping.
+pub fn job_input_schema(bronze: &Schema) -> SchemaRef {
+    Arc::new(Schema::new(
+        bronze
+            .fields()
+            .iter()
+            .filter(|f| !UNREAD_COLUMNS.contains(&f.name().as_str()))
+            .map(|f| f.as_ref().clone())
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Columns read for a batch's new rows: keys, event id and time, partition, arrival.
+pub fn new_row_columns(keys: &[String]) -> Vec<String> {
+    let mut cols: Vec<String> = keys.to_vec();
+    for c in [
+        "event_id",
+        "event_ts",
+        "_source_partition",
+        "_landed_at",
+        "_batch_id",
+    ] {
+        if !cols.iter().any(|k| k == c) {
+            cols.push(c.to_string());
+        }
+    }
+    cols
+}
+
+/// `schema` restricted to `columns` (in that order).
+pub fn project(schema: &Schema, columns: &[String]) -> Result<SchemaRef> {
+    let fields = columns
+        .iter()
+        .map(|c| {
+            schema
+                .field_with_name(c)
+                .map(|f| f.clone())
+                .map_err(|e| Error::Other(format!("column {c}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(Schema::new(fields)))
+}
+
 /// Event times of a bronze batch (micros, UTC).
 pub fn event_ts(batch: &RecordBatch) -> Result<&TimestampMicrosecondArray> {
     let c = batch
@@ -114,10 +161,16 @@ pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<(
     Ok(())
 }
 
-/// Encodes key columns into comparable, hashable rows.
+/// A key's id within one job batch (see [`KeyEncoder`]).
+pub type KeyId = u32;
+
+/// Interns key-column values: each distinct key gets a small id, so per-row work hashes
+/// bytes once and allocates only per distinct key. Ids are valid within one encoder.
 pub struct KeyEncoder {
     keys: Vec<String>,
     conv: RowConverter,
+    ids: HashMap<Box<[u8]>, KeyId>,
+    rows: Vec<OwnedRow>,
 }
 
 impl KeyEncoder {
@@ -135,11 +188,13 @@ impl KeyEncoder {
         Ok(KeyEncoder {
             keys: keys.to_vec(),
             conv: RowConverter::new(fields)?,
+            ids: HashMap::new(),
+            rows: Vec::new(),
         })
     }
 
-    /// Key rows of every row of `batch`.
-    pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<OwnedRow>> {
+    /// Key ids of every row of `batch` (key columns looked up by name).
+    pub fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<KeyId>> {
         let cols = self
             .keys
             .iter()
@@ -151,12 +206,32 @@ impl KeyEncoder {
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
         let rows = self.conv.convert_columns(&cols)?;
-        Ok(rows.iter().map(|r| r.owned()).collect())
+        let mut out = Vec::with_capacity(rows.num_rows());
+        for r in rows.iter() {
+            let id = match self.ids.get(r.as_ref()) {
+                Some(id) => *id,
+                None => {
+                    let id = self.rows.len() as KeyId;
+                    self.ids.insert(r.as_ref().into(), id);
+                    self.rows.push(r.owned());
+                    id
+                }
+            };
+            out.push(id);
+        }
+        Ok(out)
     }
 
-    /// Key columns back from encoded rows.
-    pub fn decode<'a>(&self, rows: impl Iterator<Item = &'a OwnedRow>) -> Result<Vec<ArrayRef>> {
-        Ok(self.conv.convert_rows(rows.map(|r| r.row()))?)
+    /// Key columns back from ids.
+    pub fn decode(&self, ids: impl Iterator<Item = KeyId>) -> Result<Vec<ArrayRef>> {
+        let rows: Vec<&OwnedRow> = ids
+            .map(|i| {
+                self.rows
+                    .get(i as usize)
+                    .ok_or_else(|| Error::Other(format!("unknown key id {i}")))
+            })
+            .collect::<Result<_>>()?;
+        Ok(self.conv.convert_rows(rows.into_iter().map(|r| r.row()))?)
     }
 }
 
@@ -164,7 +239,7 @@ impl KeyEncoder {
 #[derive(Debug, Default)]
 pub struct Touched {
     /// Every (key, window start) to recompute.
-    pub windows: HashSet<(OwnedRow, Micros)>,
+    pub windows: HashSet<(KeyId, Micros)>,
     /// The subset touched by an applied new row whose window was already final at
     /// batch start: corrections.
     pub corrections: usize,
@@ -175,23 +250,23 @@ impl Touched {
     /// corrections.
     pub fn add_applied(
         &mut self,
-        enc: &KeyEncoder,
+        enc: &mut KeyEncoder,
         spec: &WindowSpec,
         applied: &RecordBatch,
         w_before: Option<Micros>,
     ) -> Result<()> {
         let keys = enc.encode(applied)?;
         let ts = event_ts(applied)?;
-        let mut corrected: HashSet<(OwnedRow, Micros)> = HashSet::new();
+        let mut corrected: HashSet<(KeyId, Micros)> = HashSet::new();
         for (i, key) in keys.into_iter().enumerate() {
             if ts.is_null(i) {
                 continue;
             }
             for (start, end) in spec.windows_for(ts.value(i)) {
                 if w_before.is_some_and(|w| end <= w) {
-                    corrected.insert((key.clone(), start));
+                    corrected.insert((key, start));
                 }
-                self.windows.insert((key.clone(), start));
+                self.windows.insert((key, start));
             }
         }
         self.corrections += corrected.len();
@@ -202,7 +277,7 @@ impl Touched {
     /// `(w_before, w_after]`: they turn final in this batch.
     pub fn add_finalised(
         &mut self,
-        enc: &KeyEncoder,
+        enc: &mut KeyEncoder,
         spec: &WindowSpec,
         rows: &RecordBatch,
         w_before: Option<Micros>,
@@ -216,7 +291,7 @@ impl Touched {
             }
             for (start, end) in spec.windows_for(ts.value(i)) {
                 if end <= w_after && w_before.is_none_or(|w| end > w) {
-                    self.windows.insert((key.clone(), start));
+                    self.windows.insert((key, start));
                 }
             }
         }
@@ -281,7 +356,7 @@ fn append_int_columns(batch: &RecordBatch, cols: Vec<(&str, Vec<Micros>)>) -> Re
 /// Rows of `rows` in the touched windows, one copy per window they fall in, with a
 /// `window_start` column (micros).
 pub fn assign_windows(
-    enc: &KeyEncoder,
+    enc: &mut KeyEncoder,
     spec: &WindowSpec,
     rows: &RecordBatch,
     touched: &Touched,
@@ -295,7 +370,7 @@ pub fn assign_windows(
             continue;
         }
         for (start, _) in spec.windows_for(ts.value(i)) {
-            if touched.windows.contains(&(key.clone(), start)) {
+            if touched.windows.contains(&(key, start)) {
                 idx.push(i as u32);
                 starts.push(start);
             }
@@ -308,7 +383,7 @@ pub fn assign_windows(
 /// An existing gold session of a touched key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoldSession {
-    pub key: OwnedRow,
+    pub key: KeyId,
     pub start: Micros,
     pub end: Micros,
     pub is_final: bool,
@@ -319,17 +394,17 @@ pub struct GoldSession {
 #[derive(Debug, Default)]
 pub struct SessionScope {
     /// Per key: `[lo, hi]` (inclusive) bounded by true session boundaries.
-    pub spans: HashMap<OwnedRow, (Micros, Micros)>,
+    pub spans: HashMap<KeyId, (Micros, Micros)>,
     /// Existing sessions inside the spans (replaced: updated, or deleted if gone).
     pub replaced: Vec<GoldSession>,
     /// Keys touched by an applied new row (to count corrections).
-    applied: HashMap<OwnedRow, Vec<Micros>>,
+    applied: HashMap<KeyId, Vec<Micros>>,
 }
 
 impl SessionScope {
     /// Add touch events (keys and event times of `rows`); `applied` marks the batch's
     /// applied new rows (as opposed to rows touched only to finalise their session).
-    pub fn touch(&mut self, enc: &KeyEncoder, rows: &RecordBatch, applied: bool) -> Result<()> {
+    pub fn touch(&mut self, enc: &mut KeyEncoder, rows: &RecordBatch, applied: bool) -> Result<()> {
         let keys = enc.encode(rows)?;
         let ts = event_ts(rows)?;
         for (i, key) in keys.into_iter().enumerate() {
@@ -337,7 +412,7 @@ impl SessionScope {
                 continue;
             }
             let t = ts.value(i);
-            let span = self.spans.entry(key.clone()).or_insert((t, t));
+            let span = self.spans.entry(key).or_insert((t, t));
             span.0 = span.0.min(t);
             span.1 = span.1.max(t);
             if applied {
@@ -358,10 +433,10 @@ impl SessionScope {
     /// starts and ends at true session boundaries. `existing` are the gold sessions of the
     /// looked-up range (any keys).
     pub fn widen(&mut self, existing: Vec<GoldSession>, gap: Micros) {
-        let mut by_key: HashMap<OwnedRow, Vec<GoldSession>> = HashMap::new();
+        let mut by_key: HashMap<KeyId, Vec<GoldSession>> = HashMap::new();
         for s in existing {
             if self.spans.contains_key(&s.key) {
-                by_key.entry(s.key.clone()).or_default().push(s);
+                by_key.entry(s.key).or_default().push(s);
             }
         }
         for (key, mut sessions) in by_key {
@@ -401,7 +476,7 @@ impl SessionScope {
 
     /// Number of new sessions that hold an applied new row and replace a session that
     /// was already final: corrections.
-    pub fn corrections(&self, sessions: &[(OwnedRow, Micros, Micros)]) -> usize {
+    pub fn corrections(&self, sessions: &[(KeyId, Micros, Micros)]) -> usize {
         sessions
             .iter()
             .filter(|(key, start, end)| {
@@ -412,7 +487,7 @@ impl SessionScope {
                 hit && self
                     .replaced
                     .iter()
-                    .any(|g| g.is_final && &g.key == key && g.start <= *end && g.end >= *start)
+                    .any(|g| g.is_final && g.key == *key && g.start <= *end && g.end >= *start)
             })
             .count()
     }
@@ -422,14 +497,14 @@ impl SessionScope {
 /// event-time order, a gap `>= gap` starts a new session. Adds `window_start` (the
 /// session start) and `session_end` columns; returns the sessions found.
 pub fn assign_sessions(
-    enc: &KeyEncoder,
+    enc: &mut KeyEncoder,
     rows: &RecordBatch,
     scope: &SessionScope,
     gap: Micros,
-) -> Result<(RecordBatch, Vec<(OwnedRow, Micros, Micros)>)> {
+) -> Result<(RecordBatch, Vec<(KeyId, Micros, Micros)>)> {
     let keys = enc.encode(rows)?;
     let ts = event_ts(rows)?;
-    let mut per_key: HashMap<OwnedRow, Vec<(Micros, u32)>> = HashMap::new();
+    let mut per_key: HashMap<KeyId, Vec<(Micros, u32)>> = HashMap::new();
     for (i, key) in keys.into_iter().enumerate() {
         if ts.is_null(i) {
             continue;
@@ -459,7 +534,7 @@ pub fn assign_sessions(
                 starts.push(start);
                 ends.push(end);
             }
-            sessions.push((key.clone(), start, end));
+            sessions.push((key, start, end));
             k = j + 1;
         }
     }
@@ -724,16 +799,16 @@ mod tests {
             slide: 5 * M,
         };
         let b = rows(&[("a", 12 * M), ("b", 1 * M)]);
-        let enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
+        let mut enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
         let mut t = Touched::default();
         // W = 11 min at batch start: window [0,10) of b is final → a correction
-        t.add_applied(&enc, &spec, &b, Some(11 * M)).unwrap();
+        t.add_applied(&mut enc, &spec, &b, Some(11 * M)).unwrap();
         assert_eq!(t.windows.len(), 4); // a: [5,15) [10,20); b: [-5,5) [0,10)
         assert_eq!(t.corrections, 2); // b's two windows both ended by 11 min
         assert_eq!(t.ranges(&spec), vec![(-5 * M, 20 * M)]);
         // bronze holds one more row of a in [10,20) and one of c (not touched)
         let bronze = rows(&[("a", 12 * M), ("a", 17 * M), ("b", 1 * M), ("c", 12 * M)]);
-        let assigned = assign_windows(&enc, &spec, &bronze, &t).unwrap();
+        let assigned = assign_windows(&mut enc, &spec, &bronze, &t).unwrap();
         assert_eq!(assigned.num_rows(), 5); // a@12 ×2, a@17 ×1 ([10,20)), b@1 ×2
         let aggs = vec![("n".to_string(), "count(*)".to_string())];
         let (schema, out) = aggregate(assigned, &keys(), &aggs, false).await.unwrap();
@@ -777,9 +852,9 @@ mod tests {
     fn finalisation_adds_windows_whose_end_the_watermark_passed() {
         let spec = WindowSpec::Tumbling { size: 5 * M };
         let b = rows(&[("a", 1 * M), ("a", 6 * M), ("a", 11 * M)]);
-        let enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
+        let mut enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
         let mut t = Touched::default();
-        t.add_finalised(&enc, &spec, &b, Some(5 * M), 10 * M)
+        t.add_finalised(&mut enc, &spec, &b, Some(5 * M), 10 * M)
             .unwrap();
         let starts: Vec<Micros> = t.windows.iter().map(|(_, s)| *s / M).collect();
         assert_eq!(starts, vec![5]);
@@ -788,34 +863,37 @@ mod tests {
     #[test]
     fn a_late_event_bridging_two_sessions_replaces_both() {
         let gap = 30 * M;
-        let enc = KeyEncoder::new(&rows(&[]).schema(), &keys()).unwrap();
-        let key = |s: &str| enc.encode(&rows(&[(s, 0)])).unwrap().remove(0);
+        let mut enc = KeyEncoder::new(&rows(&[]).schema(), &keys()).unwrap();
+        let mut key = |s: &str| enc.encode(&rows(&[(s, 0)])).unwrap().remove(0);
+        let (u, v) = (key("u"), key("v"));
         let mut scope = SessionScope::default();
         // the late event at 25 min links [0,10] and [40,50]
-        scope.touch(&enc, &rows(&[("u", 25 * M)]), true).unwrap();
+        scope
+            .touch(&mut enc, &rows(&[("u", 25 * M)]), true)
+            .unwrap();
         assert_eq!(scope.lookup_range(gap), Some((-5 * M, 55 * M)));
         scope.widen(
             vec![
                 GoldSession {
-                    key: key("u"),
+                    key: u,
                     start: 0,
                     end: 10 * M,
                     is_final: true,
                 },
                 GoldSession {
-                    key: key("u"),
+                    key: u,
                     start: 40 * M,
                     end: 50 * M,
                     is_final: true,
                 },
                 GoldSession {
-                    key: key("u"),
+                    key: u,
                     start: 200 * M,
                     end: 210 * M,
                     is_final: false,
                 },
                 GoldSession {
-                    key: key("v"),
+                    key: v,
                     start: 0,
                     end: 10 * M,
                     is_final: true,
@@ -823,7 +901,7 @@ mod tests {
             ],
             gap,
         );
-        assert_eq!(scope.spans[&key("u")], (0, 50 * M));
+        assert_eq!(scope.spans[&u], (0, 50 * M));
         assert_eq!(scope.replaced.len(), 2);
         let bronze = rows(&[
             ("u", 0),
@@ -834,9 +912,9 @@ mod tests {
             ("u", 200 * M),
             ("v", 5 * M),
         ]);
-        let (assigned, sessions) = assign_sessions(&enc, &bronze, &scope, gap).unwrap();
+        let (assigned, sessions) = assign_sessions(&mut enc, &bronze, &scope, gap).unwrap();
         assert_eq!(assigned.num_rows(), 5);
-        assert_eq!(sessions, vec![(key("u"), 0, 50 * M)]);
+        assert_eq!(sessions, vec![(u, 0, 50 * M)]);
         assert_eq!(scope.corrections(&sessions), 1);
     }
 

@@ -436,13 +436,12 @@ async fn aggregate_kind(
     if aggregates.is_empty() {
         return Err(a.err("", "at least one aggregate"));
     }
-    // Plan each expression with DataFusion against an empty table of the bronze schema.
+    // Plan each expression with DataFusion against an empty table of the columns a job
+    // reads from bronze.
     let ctx = SessionContext::new();
-    let empty = MemTable::try_new(
-        schema.bronze.clone(),
-        vec![vec![RecordBatch::new_empty(schema.bronze.clone())]],
-    )
-    .map_err(|e| Error::query("empty events table", e))?;
+    let input = crate::job::aggregate::job_input_schema(&schema.bronze);
+    let empty = MemTable::try_new(input.clone(), vec![vec![RecordBatch::new_empty(input)]])
+        .map_err(|e| Error::query("empty events table", e))?;
     ctx.register_table("events", Arc::new(empty))
         .map_err(|e| Error::query("empty events table", e))?;
     let group = keys

@@ -402,22 +402,37 @@ impl JobRunner {
             Some(t) => Some(delta::session_with(t, "bronze").await?),
             None => None,
         };
-        let read_bronze = |filter| {
+        // Reads project the columns they need: the new rows' keys, times and arrival
+        // columns; the recompute the job's input columns (not file/line bookkeeping).
+        let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
+        let input_schema = agg::job_input_schema(&schema);
+        let read_bronze = |filter, target: SchemaRef| {
             let ctx = ctx.clone();
-            let schema = schema.clone();
             async move {
                 match ctx {
-                    Some(ctx) => read::read(&ctx, "bronze", filter, &schema).await,
-                    None => Ok(RecordBatch::new_empty(schema)),
+                    Some(ctx) => read::read(&ctx, "bronze", filter, &target).await,
+                    None => Ok(RecordBatch::new_empty(target)),
                 }
             }
         };
 
         // 1. New rows; lateness is judged against W at batch start.
-        let new = read_bronze(read::batches_between(input.after_batch, input.upto_batch)).await?;
+        let between = read::batches_between(input.after_batch, input.upto_batch);
+        let new = read_bronze(between.clone(), new_schema.clone()).await?;
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
         let (applied, late_rows) = agg::split_late(&new, cutoff)?;
+        // Too-late rows go to the late ledger whole: read them with every column.
+        let late_rows = match cutoff {
+            Some(c) if late_rows.num_rows() > 0 => {
+                read_bronze(
+                    between.and(col("event_ts").lt(read::ts_lit(c))),
+                    schema.clone(),
+                )
+                .await?
+            }
+            _ => late_rows,
+        };
         // 2. Advance the watermark.
         agg::observe(&mut state.watermark, source, &new)?;
         let w_after = state.watermark.advance();
@@ -434,37 +449,40 @@ impl JobRunner {
         };
 
         // 3–4. Touched windows, recomputed from applied bronze rows.
-        let enc = KeyEncoder::new(&schema, keys)?;
+        let mut enc = KeyEncoder::new(&schema, keys)?;
         let now = now_us();
         let (gold, windows, deleted, corrections) = match window {
             WindowSpec::Session { gap } => {
                 let gap = *gap;
                 let mut scope = SessionScope::default();
-                scope.touch(&enc, &applied, true)?;
+                scope.touch(&mut enc, &applied, true)?;
                 if let Some((b, a)) = advanced {
                     // Sessions whose end + gap the watermark passed now turn final.
                     let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
-                    let rows = read_bronze(read::applied_in_ranges(
-                        &[(lo, a - gap + 1)],
-                        upto,
-                        &cutoffs,
-                    ))
+                    let rows = read_bronze(
+                        read::applied_in_ranges(&[(lo, a - gap + 1)], upto, &cutoffs),
+                        new_schema.clone(),
+                    )
                     .await?;
-                    scope.touch(&enc, &rows, false)?;
+                    scope.touch(&mut enc, &rows, false)?;
                 }
                 if let Some((lo, hi)) = scope.lookup_range(gap) {
                     let existing = self
-                        .gold_sessions(spec, &enc, keys, (lo, hi), lookback)
+                        .gold_sessions(spec, &mut enc, keys, (lo, hi), lookback)
                         .await?;
                     scope.widen(existing, gap);
                 }
                 let ranges = scope.ranges();
                 let rows = if ranges.is_empty() {
-                    RecordBatch::new_empty(schema.clone())
+                    RecordBatch::new_empty(input_schema.clone())
                 } else {
-                    read_bronze(read::applied_in_ranges(&ranges, upto, &cutoffs)).await?
+                    read_bronze(
+                        read::applied_in_ranges(&ranges, upto, &cutoffs),
+                        input_schema.clone(),
+                    )
+                    .await?
                 };
-                let (assigned, sessions) = agg::assign_sessions(&enc, &rows, &scope, gap)?;
+                let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
                 let gold_schema = agg::gold_schema(&agg_schema, keys, true);
                 let stamp = GoldStamp {
@@ -474,16 +492,16 @@ impl JobRunner {
                     now_us: now,
                 };
                 let mut rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-                let kept: HashSet<(&arrow::row::OwnedRow, Micros)> =
-                    sessions.iter().map(|(k, s, _)| (k, *s)).collect();
+                let kept: HashSet<(agg::KeyId, Micros)> =
+                    sessions.iter().map(|(k, s, _)| (*k, *s)).collect();
                 let gone: Vec<GoldSession> = scope
                     .replaced
                     .iter()
-                    .filter(|g| !kept.contains(&(&g.key, g.start)))
+                    .filter(|g| !kept.contains(&(g.key, g.start)))
                     .cloned()
                     .collect();
                 if !gone.is_empty() {
-                    let key_cols = enc.decode(gone.iter().map(|g| &g.key))?;
+                    let key_cols = enc.decode(gone.iter().map(|g| g.key))?;
                     rows.push(agg::tombstones(&gone, &key_cols, &gold_schema, keys)?);
                 }
                 let corrections = scope.corrections(&sessions);
@@ -491,22 +509,28 @@ impl JobRunner {
             }
             _ => {
                 let mut touched = Touched::default();
-                touched.add_applied(&enc, window, &applied, w_before)?;
+                touched.add_applied(&mut enc, window, &applied, w_before)?;
+                let mut ranges = touched.ranges(window);
                 if let Some((b, a)) = advanced {
-                    // Windows whose end the watermark passed now turn final.
-                    let size = agg::window_size(window);
-                    let lo = b.map_or(Micros::MIN / 2, |b| b - size + 1);
-                    let rows =
-                        read_bronze(read::applied_in_ranges(&[(lo, a)], upto, &cutoffs)).await?;
-                    touched.add_finalised(&enc, window, &rows, b, a)?;
+                    // Windows whose end the watermark passed now turn final: their rows
+                    // lie in [b − size, a); one read covers them and the touched windows.
+                    let lo = b.map_or(Micros::MIN / 2, |b| b - agg::window_size(window) + 1);
+                    ranges.push((lo, a));
+                    ranges = agg::merge_ranges(ranges);
                 }
-                let ranges = touched.ranges(window);
                 let rows = if ranges.is_empty() {
-                    RecordBatch::new_empty(schema.clone())
+                    RecordBatch::new_empty(input_schema.clone())
                 } else {
-                    read_bronze(read::applied_in_ranges(&ranges, upto, &cutoffs)).await?
+                    read_bronze(
+                        read::applied_in_ranges(&ranges, upto, &cutoffs),
+                        input_schema.clone(),
+                    )
+                    .await?
                 };
-                let assigned = agg::assign_windows(&enc, window, &rows, &touched)?;
+                if let Some((b, a)) = advanced {
+                    touched.add_finalised(&mut enc, window, &rows, b, a)?;
+                }
+                let assigned = agg::assign_windows(&mut enc, window, &rows, &touched)?;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
                 let gold_schema = agg::gold_schema(&agg_schema, keys, false);
                 let stamp = GoldStamp {
@@ -560,7 +584,7 @@ impl JobRunner {
     async fn gold_sessions(
         &self,
         spec: &JobSpec,
-        enc: &KeyEncoder,
+        enc: &mut KeyEncoder,
         keys: &[String],
         (lo, hi): (Micros, Micros),
         lookback: Micros,

@@ -97,6 +97,10 @@ pub async fn read(
         .map_err(|e| Error::query(&what, e))?
         .filter(filter)
         .map_err(|e| Error::query(&what, e))?;
+    let names: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
+    let df = df
+        .select_columns(&names)
+        .map_err(|e| Error::query(&what, e))?;
     let batches = df.collect().await.map_err(|e| Error::query(&what, e))?;
     let conformed = batches
         .iter()

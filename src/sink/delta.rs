@@ -18,6 +18,9 @@ use url::Url;
 use crate::error::{Error, Result};
 use crate::storage::Location;
 
+/// `delta.checkpointInterval` of the tables kestrel creates.
+pub const CHECKPOINT_INTERVAL: &str = "10";
+
 /// The warehouse: a location holding Delta tables at relative paths.
 #[derive(Clone, Debug)]
 pub struct Warehouse {
@@ -87,6 +90,12 @@ impl Warehouse {
             .create()
             .with_columns(st.fields().cloned())
             .with_partition_columns(partitions.iter().map(|s| s.to_string()))
+            // Every batch commits; a checkpoint every 10 commits keeps opening a table
+            // (log replay) cheap between maintenance runs.
+            .with_configuration_property(
+                deltalake::TableProperty::CheckpointInterval,
+                Some(CHECKPOINT_INTERVAL),
+            )
             .with_save_mode(SaveMode::Ignore)
             .await;
         match created {
