@@ -21,7 +21,7 @@ use arrow::array::{
 };
 use arrow::compute::{cast, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
-use arrow::row::{OwnedRow, RowConverter, SortField};
+use arrow::row::{RowConverter, SortField};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
@@ -164,33 +164,60 @@ pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<(
 /// A key's id within one job batch (see [`KeyEncoder`]).
 pub type KeyId = u32;
 
+/// Fast hash maps and sets for per-row work.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// See [`FastMap`].
+pub type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
 /// Interns key-column values: each distinct key gets a small id, so per-row work hashes
 /// bytes once and allocates only per distinct key. Ids are valid within one encoder.
+/// A single string key is hashed as is; other keys go through Arrow's row format.
 pub struct KeyEncoder {
     keys: Vec<String>,
-    conv: RowConverter,
-    ids: HashMap<Box<[u8]>, KeyId>,
-    rows: Vec<OwnedRow>,
+    /// None: a single Utf8 key (the common case), interned from its bytes.
+    conv: Option<RowConverter>,
+    ids: FastMap<Box<[u8]>, KeyId>,
+    /// Interned keys by id: row-format bytes, or the string's bytes (None for null).
+    values: Vec<Option<Box<[u8]>>>,
 }
 
 impl KeyEncoder {
     /// An encoder for `keys` of `schema`.
     pub fn new(schema: &Schema, keys: &[String]) -> Result<Self> {
-        let fields = keys
+        let types = keys
             .iter()
             .map(|k| {
                 schema
                     .field_with_name(k)
-                    .map(|f| SortField::new(f.data_type().clone()))
+                    .map(|f| f.data_type().clone())
                     .map_err(|e| Error::Other(format!("key column {k}: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
+        let conv = if types.len() == 1 && types[0] == DataType::Utf8 {
+            None
+        } else {
+            Some(RowConverter::new(
+                types.into_iter().map(SortField::new).collect(),
+            )?)
+        };
         Ok(KeyEncoder {
             keys: keys.to_vec(),
-            conv: RowConverter::new(fields)?,
-            ids: HashMap::new(),
-            rows: Vec::new(),
+            conv,
+            ids: FastMap::default(),
+            values: Vec::new(),
         })
+    }
+
+    fn intern(&mut self, bytes: Option<&[u8]>) -> KeyId {
+        // Nulls of a single string key get their own id via a marker no UTF-8 has.
+        let lookup: &[u8] = bytes.unwrap_or(&[0xff, 0xfe]);
+        if let Some(id) = self.ids.get(lookup) {
+            return *id;
+        }
+        let id = self.values.len() as KeyId;
+        self.ids.insert(lookup.into(), id);
+        self.values.push(bytes.map(Into::into));
+        id
     }
 
     /// Key ids of every row of `batch` (key columns looked up by name).
@@ -205,33 +232,51 @@ impl KeyEncoder {
                     .ok_or_else(|| Error::Other(format!("rows without key column {k}")))
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
-        let rows = self.conv.convert_columns(&cols)?;
-        let mut out = Vec::with_capacity(rows.num_rows());
-        for r in rows.iter() {
-            let id = match self.ids.get(r.as_ref()) {
-                Some(id) => *id,
-                None => {
-                    let id = self.rows.len() as KeyId;
-                    self.ids.insert(r.as_ref().into(), id);
-                    self.rows.push(r.owned());
-                    id
+        let mut out = Vec::with_capacity(batch.num_rows());
+        match &self.conv {
+            None => {
+                let c = cast(&cols[0], &DataType::Utf8)?;
+                let strings = c.as_string::<i32>();
+                for v in strings.iter() {
+                    out.push(self.intern(v.map(str::as_bytes)));
                 }
-            };
-            out.push(id);
+            }
+            Some(conv) => {
+                let rows = conv.convert_columns(&cols)?;
+                for r in rows.iter() {
+                    out.push(self.intern(Some(r.as_ref())));
+                }
+            }
         }
         Ok(out)
     }
 
     /// Key columns back from ids.
     pub fn decode(&self, ids: impl Iterator<Item = KeyId>) -> Result<Vec<ArrayRef>> {
-        let rows: Vec<&OwnedRow> = ids
+        let values: Vec<Option<&[u8]>> = ids
             .map(|i| {
-                self.rows
+                self.values
                     .get(i as usize)
+                    .map(|v| v.as_deref())
                     .ok_or_else(|| Error::Other(format!("unknown key id {i}")))
             })
             .collect::<Result<_>>()?;
-        Ok(self.conv.convert_rows(rows.into_iter().map(|r| r.row()))?)
+        match &self.conv {
+            None => {
+                let strings: StringArray = values
+                    .into_iter()
+                    .map(|v| v.map(|b| String::from_utf8_lossy(b).into_owned()))
+                    .collect();
+                Ok(vec![Arc::new(strings)])
+            }
+            Some(conv) => {
+                let parser = conv.parser();
+                let rows = values
+                    .into_iter()
+                    .map(|v| parser.parse(v.unwrap_or_default()));
+                Ok(conv.convert_rows(rows)?)
+            }
+        }
     }
 }
 
@@ -239,7 +284,7 @@ impl KeyEncoder {
 #[derive(Debug, Default)]
 pub struct Touched {
     /// Every (key, window start) to recompute.
-    pub windows: HashSet<(KeyId, Micros)>,
+    pub windows: FastSet<(KeyId, Micros)>,
     /// The subset touched by an applied new row whose window was already final at
     /// batch start: corrections.
     pub corrections: usize,
@@ -257,44 +302,19 @@ impl Touched {
     ) -> Result<()> {
         let keys = enc.encode(applied)?;
         let ts = event_ts(applied)?;
-        let mut corrected: HashSet<(KeyId, Micros)> = HashSet::new();
+        let mut corrected: FastSet<(KeyId, Micros)> = FastSet::default();
         for (i, key) in keys.into_iter().enumerate() {
             if ts.is_null(i) {
                 continue;
             }
-            for (start, end) in spec.windows_for(ts.value(i)) {
+            spec.each_window(ts.value(i), |start, end| {
                 if w_before.is_some_and(|w| end <= w) {
                     corrected.insert((key, start));
                 }
                 self.windows.insert((key, start));
-            }
+            });
         }
         self.corrections += corrected.len();
-        Ok(())
-    }
-
-    /// Windows of `rows` (applied bronze rows near the watermark) whose end lies in
-    /// `(w_before, w_after]`: they turn final in this batch.
-    pub fn add_finalised(
-        &mut self,
-        enc: &mut KeyEncoder,
-        spec: &WindowSpec,
-        rows: &RecordBatch,
-        w_before: Option<Micros>,
-        w_after: Micros,
-    ) -> Result<()> {
-        let keys = enc.encode(rows)?;
-        let ts = event_ts(rows)?;
-        for (i, key) in keys.into_iter().enumerate() {
-            if ts.is_null(i) {
-                continue;
-            }
-            for (start, end) in spec.windows_for(ts.value(i)) {
-                if end <= w_after && w_before.is_none_or(|w| end > w) {
-                    self.windows.insert((key, start));
-                }
-            }
-        }
         Ok(())
     }
 
@@ -354,29 +374,50 @@ fn append_int_columns(batch: &RecordBatch, cols: Vec<(&str, Vec<Micros>)>) -> Re
 }
 
 /// Rows of `rows` in the touched windows, one copy per window they fall in, with a
-/// `window_start` column (micros).
+/// `window_start` column (micros). With `finalising = Some((w_before, w_after))`, the
+/// windows of `rows` whose end lies in `(w_before, w_after]` are added to `touched`
+/// first (they turn final in this batch), in the same pass.
 pub fn assign_windows(
     enc: &mut KeyEncoder,
     spec: &WindowSpec,
     rows: &RecordBatch,
-    touched: &Touched,
+    touched: &mut Touched,
+    finalising: Option<(Option<Micros>, Micros)>,
 ) -> Result<RecordBatch> {
     let keys = enc.encode(rows)?;
     let ts = event_ts(rows)?;
-    let mut idx: Vec<u32> = Vec::new();
-    let mut starts: Vec<Micros> = Vec::new();
+    if let Some((b, a)) = finalising {
+        for (i, key) in keys.iter().enumerate() {
+            if ts.is_null(i) {
+                continue;
+            }
+            spec.each_window(ts.value(i), |start, end| {
+                if end <= a && b.is_none_or(|w| end > w) {
+                    touched.windows.insert((*key, start));
+                }
+            });
+        }
+    }
+    let mut idx: Vec<u32> = Vec::with_capacity(rows.num_rows());
+    let mut starts: Vec<Micros> = Vec::with_capacity(rows.num_rows());
     for (i, key) in keys.into_iter().enumerate() {
         if ts.is_null(i) {
             continue;
         }
-        for (start, _) in spec.windows_for(ts.value(i)) {
+        spec.each_window(ts.value(i), |start, _| {
             if touched.windows.contains(&(key, start)) {
                 idx.push(i as u32);
                 starts.push(start);
             }
-        }
+        });
     }
-    let taken = take_record_batch(rows, &UInt32Array::from(idx))?;
+    // Tumbling windows keeping every row need no copy.
+    let taken =
+        if idx.len() == rows.num_rows() && idx.iter().enumerate().all(|(i, x)| *x as usize == i) {
+            rows.clone()
+        } else {
+            take_record_batch(rows, &UInt32Array::from(idx))?
+        };
     append_int_columns(&taken, vec![(WINDOW_START, starts)])
 }
 
@@ -394,11 +435,11 @@ pub struct GoldSession {
 #[derive(Debug, Default)]
 pub struct SessionScope {
     /// Per key: `[lo, hi]` (inclusive) bounded by true session boundaries.
-    pub spans: HashMap<KeyId, (Micros, Micros)>,
+    pub spans: FastMap<KeyId, (Micros, Micros)>,
     /// Existing sessions inside the spans (replaced: updated, or deleted if gone).
     pub replaced: Vec<GoldSession>,
     /// Keys touched by an applied new row (to count corrections).
-    applied: HashMap<KeyId, Vec<Micros>>,
+    applied: FastMap<KeyId, Vec<Micros>>,
 }
 
 impl SessionScope {
@@ -433,7 +474,7 @@ impl SessionScope {
     /// starts and ends at true session boundaries. `existing` are the gold sessions of the
     /// looked-up range (any keys).
     pub fn widen(&mut self, existing: Vec<GoldSession>, gap: Micros) {
-        let mut by_key: HashMap<KeyId, Vec<GoldSession>> = HashMap::new();
+        let mut by_key: FastMap<KeyId, Vec<GoldSession>> = FastMap::default();
         for s in existing {
             if self.spans.contains_key(&s.key) {
                 by_key.entry(s.key).or_default().push(s);
@@ -504,7 +545,7 @@ pub fn assign_sessions(
 ) -> Result<(RecordBatch, Vec<(KeyId, Micros, Micros)>)> {
     let keys = enc.encode(rows)?;
     let ts = event_ts(rows)?;
-    let mut per_key: HashMap<KeyId, Vec<(Micros, u32)>> = HashMap::new();
+    let mut per_key: FastMap<KeyId, Vec<(Micros, u32)>> = FastMap::default();
     for (i, key) in keys.into_iter().enumerate() {
         if ts.is_null(i) {
             continue;
@@ -808,7 +849,7 @@ mod tests {
         assert_eq!(t.ranges(&spec), vec![(-5 * M, 20 * M)]);
         // bronze holds one more row of a in [10,20) and one of c (not touched)
         let bronze = rows(&[("a", 12 * M), ("a", 17 * M), ("b", 1 * M), ("c", 12 * M)]);
-        let assigned = assign_windows(&mut enc, &spec, &bronze, &t).unwrap();
+        let assigned = assign_windows(&mut enc, &spec, &bronze, &mut t, None).unwrap();
         assert_eq!(assigned.num_rows(), 5); // a@12 ×2, a@17 ×1 ([10,20)), b@1 ×2
         let aggs = vec![("n".to_string(), "count(*)".to_string())];
         let (schema, out) = aggregate(assigned, &keys(), &aggs, false).await.unwrap();
@@ -854,10 +895,11 @@ mod tests {
         let b = rows(&[("a", 1 * M), ("a", 6 * M), ("a", 11 * M)]);
         let mut enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
         let mut t = Touched::default();
-        t.add_finalised(&mut enc, &spec, &b, Some(5 * M), 10 * M)
-            .unwrap();
+        let assigned =
+            assign_windows(&mut enc, &spec, &b, &mut t, Some((Some(5 * M), 10 * M))).unwrap();
         let starts: Vec<Micros> = t.windows.iter().map(|(_, s)| *s / M).collect();
         assert_eq!(starts, vec![5]);
+        assert_eq!(assigned.num_rows(), 1, "only the finalising window's row");
     }
 
     #[test]

@@ -418,7 +418,11 @@ impl JobRunner {
 
         // 1. New rows; lateness is judged against W at batch start.
         let between = read::batches_between(input.after_batch, input.upto_batch);
-        let new = read_bronze(between.clone(), new_schema.clone()).await?;
+        let t = Instant::now();
+        // New rows with the job's input columns: applied ones join the recompute as they
+        // are, so only older rows are read again.
+        let new = read_bronze(between.clone(), input_schema.clone()).await?;
+        let read_new_ms = t.elapsed().as_millis() as u64;
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
         let (applied, late_rows) = agg::split_late(&new, cutoff)?;
@@ -441,7 +445,7 @@ impl JobRunner {
             state.push_cutoff(source, input, c, c - lookback);
         }
         let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
-        let upto = input.upto_batch;
+        let older = input.after_batch;
         let advanced = match (w_before, w_after) {
             (_, None) => None,
             (Some(b), Some(a)) if a <= b => None,
@@ -460,7 +464,7 @@ impl JobRunner {
                     // Sessions whose end + gap the watermark passed now turn final.
                     let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
                     let rows = read_bronze(
-                        read::applied_in_ranges(&[(lo, a - gap + 1)], upto, &cutoffs),
+                        read::applied_in_ranges(&[(lo, a - gap + 1)], older, &cutoffs),
                         new_schema.clone(),
                     )
                     .await?;
@@ -474,13 +478,14 @@ impl JobRunner {
                 }
                 let ranges = scope.ranges();
                 let rows = if ranges.is_empty() {
-                    RecordBatch::new_empty(input_schema.clone())
+                    applied.clone()
                 } else {
-                    read_bronze(
-                        read::applied_in_ranges(&ranges, upto, &cutoffs),
+                    let old = read_bronze(
+                        read::applied_in_ranges(&ranges, older, &cutoffs),
                         input_schema.clone(),
                     )
-                    .await?
+                    .await?;
+                    arrow::compute::concat_batches(&input_schema, [&old, &applied])?
                 };
                 let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
@@ -509,7 +514,9 @@ impl JobRunner {
             }
             _ => {
                 let mut touched = Touched::default();
+                let t = Instant::now();
                 touched.add_applied(&mut enc, window, &applied, w_before)?;
+                let touch_ms = t.elapsed().as_millis() as u64;
                 let mut ranges = touched.ranges(window);
                 if let Some((b, a)) = advanced {
                     // Windows whose end the watermark passed now turn final: their rows
@@ -519,19 +526,30 @@ impl JobRunner {
                     ranges = agg::merge_ranges(ranges);
                 }
                 let rows = if ranges.is_empty() {
-                    RecordBatch::new_empty(input_schema.clone())
+                    applied.clone()
                 } else {
-                    read_bronze(
-                        read::applied_in_ranges(&ranges, upto, &cutoffs),
+                    let old = read_bronze(
+                        read::applied_in_ranges(&ranges, older, &cutoffs),
                         input_schema.clone(),
                     )
-                    .await?
+                    .await?;
+                    arrow::compute::concat_batches(&input_schema, [&old, &applied])?
                 };
-                if let Some((b, a)) = advanced {
-                    touched.add_finalised(&mut enc, window, &rows, b, a)?;
-                }
-                let assigned = agg::assign_windows(&mut enc, window, &rows, &touched)?;
+                let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
+                let assigned =
+                    agg::assign_windows(&mut enc, window, &rows, &mut touched, advanced)?;
+                let assign_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
+                info!(
+                    job = %spec.name,
+                    read_new_ms,
+                    touch_ms,
+                    read_ms,
+                    assign_ms,
+                    aggregate_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms - assign_ms,
+                    rows = rows.num_rows(),
+                    "windows recomputed"
+                );
                 let gold_schema = agg::gold_schema(&agg_schema, keys, false);
                 let stamp = GoldStamp {
                     w_after,

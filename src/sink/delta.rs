@@ -188,7 +188,14 @@ pub async fn append_evolving(
 
 /// A DataFusion session with `table` registered under `name`.
 pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionContext> {
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    // Plain Utf8 from Parquet: view types would be cast back (a copy) by every reader.
+    let mut config = SessionConfig::new().with_target_partitions(2);
+    config
+        .options_mut()
+        .execution
+        .parquet
+        .schema_force_view_types = false;
+    let ctx = SessionContext::new_with_config(config);
     register(&ctx, table, name).await?;
     Ok(ctx)
 }

@@ -55,6 +55,26 @@ impl WindowSpec {
         Ok(WindowSpec::Session { gap })
     }
 
+    /// Call `f(start, end)` for each window holding an event at `ts`, earliest first
+    /// (tumbling and sliding; none for sessions). Allocation-free [`Self::windows_for`].
+    #[inline]
+    pub fn each_window(&self, ts: Micros, mut f: impl FnMut(Micros, Micros)) {
+        match *self {
+            WindowSpec::Tumbling { size } => {
+                let start = ts.div_euclid(size) * size;
+                f(start, start + size)
+            }
+            WindowSpec::Sliding { size, slide } => {
+                let last = ts.div_euclid(slide) * slide;
+                for k in (0..size / slide).rev() {
+                    let start = last - k * slide;
+                    f(start, start + size)
+                }
+            }
+            WindowSpec::Session { .. } => {}
+        }
+    }
+
     /// The `[start, end)` windows holding an event at `ts`, earliest first (tumbling and
     /// sliding; empty for sessions, which depend on neighbouring events).
     pub fn windows_for(&self, ts: Micros) -> Vec<(Micros, Micros)> {
