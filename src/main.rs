@@ -212,8 +212,8 @@ fn print_job_summary(reports: &[JobReport]) {
     }
     println!();
     println!(
-        "{:<24} {:>7} {:>10} {:>9} {:>11} {:>8}  {}",
-        "job", "batches", "applied", "windows", "corrections", "too late", "watermark"
+        "{:<24} {:>7} {:>10} {:>9} {:>11} {:>8}  watermark",
+        "job", "batches", "applied", "windows", "corrections", "too late"
     );
     for r in reports {
         if let Some(why) = &r.skipped {

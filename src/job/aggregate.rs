@@ -80,7 +80,7 @@ pub fn project(schema: &Schema, columns: &[String]) -> Result<SchemaRef> {
         .map(|c| {
             schema
                 .field_with_name(c)
-                .map(|f| f.clone())
+                .cloned()
                 .map_err(|e| Error::Other(format!("column {c}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -421,6 +421,9 @@ pub fn assign_windows(
     append_int_columns(&taken, vec![(WINDOW_START, starts)])
 }
 
+/// A session found by [`assign_sessions`]: key, first and last event time.
+pub type SessionBounds = (KeyId, Micros, Micros);
+
 /// An existing gold session of a touched key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoldSession {
@@ -517,7 +520,7 @@ impl SessionScope {
 
     /// Number of new sessions that hold an applied new row and replace a session that
     /// was already final: corrections.
-    pub fn corrections(&self, sessions: &[(KeyId, Micros, Micros)]) -> usize {
+    pub fn corrections(&self, sessions: &[SessionBounds]) -> usize {
         sessions
             .iter()
             .filter(|(key, start, end)| {
@@ -542,7 +545,7 @@ pub fn assign_sessions(
     rows: &RecordBatch,
     scope: &SessionScope,
     gap: Micros,
-) -> Result<(RecordBatch, Vec<(KeyId, Micros, Micros)>)> {
+) -> Result<(RecordBatch, Vec<SessionBounds>)> {
     let keys = enc.encode(rows)?;
     let ts = event_ts(rows)?;
     let mut per_key: FastMap<KeyId, Vec<(Micros, u32)>> = FastMap::default();
@@ -839,7 +842,7 @@ mod tests {
             size: 10 * M,
             slide: 5 * M,
         };
-        let b = rows(&[("a", 12 * M), ("b", 1 * M)]);
+        let b = rows(&[("a", 12 * M), ("b", M)]);
         let mut enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
         let mut t = Touched::default();
         // W = 11 min at batch start: window [0,10) of b is final → a correction
@@ -848,7 +851,7 @@ mod tests {
         assert_eq!(t.corrections, 2); // b's two windows both ended by 11 min
         assert_eq!(t.ranges(&spec), vec![(-5 * M, 20 * M)]);
         // bronze holds one more row of a in [10,20) and one of c (not touched)
-        let bronze = rows(&[("a", 12 * M), ("a", 17 * M), ("b", 1 * M), ("c", 12 * M)]);
+        let bronze = rows(&[("a", 12 * M), ("a", 17 * M), ("b", M), ("c", 12 * M)]);
         let assigned = assign_windows(&mut enc, &spec, &bronze, &mut t, None).unwrap();
         assert_eq!(assigned.num_rows(), 5); // a@12 ×2, a@17 ×1 ([10,20)), b@1 ×2
         let aggs = vec![("n".to_string(), "count(*)".to_string())];
@@ -892,7 +895,7 @@ mod tests {
     #[test]
     fn finalisation_adds_windows_whose_end_the_watermark_passed() {
         let spec = WindowSpec::Tumbling { size: 5 * M };
-        let b = rows(&[("a", 1 * M), ("a", 6 * M), ("a", 11 * M)]);
+        let b = rows(&[("a", M), ("a", 6 * M), ("a", 11 * M)]);
         let mut enc = KeyEncoder::new(&b.schema(), &keys()).unwrap();
         let mut t = Touched::default();
         let assigned =
@@ -958,6 +961,62 @@ mod tests {
         assert_eq!(assigned.num_rows(), 5);
         assert_eq!(sessions, vec![(u, 0, 50 * M)]);
         assert_eq!(scope.corrections(&sessions), 1);
+    }
+
+    #[test]
+    fn key_ids_are_stable_and_decode_back_for_string_and_composite_keys() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+        ]));
+        let batch = |s: Vec<Option<&str>>, n: Vec<Option<i64>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from(s)),
+                    Arc::new(Int64Array::from(n)),
+                ],
+            )
+            .unwrap()
+        };
+        let a = batch(
+            vec![Some("x"), None, Some("x")],
+            vec![Some(1), Some(2), None],
+        );
+        let b = batch(vec![None, Some("y")], vec![Some(2), Some(1)]);
+        // single string key (fast path), nulls included
+        let mut one = KeyEncoder::new(&schema, &["s".to_string()]).unwrap();
+        let ia = one.encode(&a).unwrap();
+        let ib = one.encode(&b).unwrap();
+        assert_eq!(ia, vec![0, 1, 0]);
+        assert_eq!(ib, vec![1, 2]);
+        let back = one.decode([0, 1, 2].into_iter()).unwrap();
+        let back = back[0].as_string::<i32>();
+        assert_eq!(
+            back.iter().collect::<Vec<_>>(),
+            vec![Some("x"), None, Some("y")]
+        );
+        // composite key (Arrow row format)
+        let keys = vec!["s".to_string(), "n".to_string()];
+        let mut two = KeyEncoder::new(&schema, &keys).unwrap();
+        assert_eq!(two.encode(&a).unwrap(), vec![0, 1, 2]);
+        assert_eq!(two.encode(&b).unwrap(), vec![1, 3]);
+        let back = two.decode([3, 2].into_iter()).unwrap();
+        assert_eq!(back[0].as_string::<i32>().value(0), "y");
+        assert_eq!(
+            col_i64(
+                &RecordBatch::try_new(
+                    Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)])),
+                    vec![back[1].clone()],
+                )
+                .unwrap(),
+                "n"
+            )
+            .unwrap()
+            .iter()
+            .collect::<Vec<_>>(),
+            vec![Some(1), None]
+        );
     }
 
     #[test]

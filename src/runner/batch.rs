@@ -622,7 +622,7 @@ impl JobRunner {
             .map(|k| {
                 bronze
                     .field_with_name(k)
-                    .map(|f| f.clone())
+                    .cloned()
                     .map_err(|e| Error::Other(format!("key {k}: {e}")))
             })
             .collect::<Result<_>>()?;

@@ -145,7 +145,7 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     assert!(out.contains("nothing new landed"), "{out}");
 
     let wh = Warehouse::new(Location::open("s3://lake/warehouse", &opts, false).unwrap());
-    let (bronze, quarantined, log) = rt.block_on(async {
+    let (bronze, quarantined, log, gold, jobs) = rt.block_on(async {
         (
             first_row(
                 &wh,
@@ -157,7 +157,14 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
             first_row(
                 &wh,
                 "_kestrel/runs",
-                "SELECT sum(files), sum(rows_written), sum(duplicates) FROM t",
+                "SELECT sum(files), sum(rows_written), sum(duplicates) FROM t WHERE kind = 'ingest'",
+            )
+            .await,
+            first_row(&wh, "gold/revenue_5m", "SELECT sum(orders) FROM t").await,
+            first_row(
+                &wh,
+                "_kestrel/runs",
+                "SELECT count(*) FROM t WHERE kind = 'job'",
             )
             .await,
         )
@@ -165,6 +172,9 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     assert_eq!(bronze, vec![120, 120]);
     assert_eq!(quarantined, vec![6]);
     assert_eq!(log, vec![6, 120, 11]);
+    // The windowed jobs over orders ran on S3 too: gold MERGEs through object_store.
+    assert_eq!(gold, vec![120], "every order in a revenue_5m window");
+    assert_eq!(jobs, vec![2], "revenue_5m and revenue_1h, one batch each");
 
     // an independent reader (delta-rs Python) sees the same table on S3
     let python = std::env::var("KESTREL_PYTHON").unwrap();
