@@ -135,13 +135,7 @@ impl JobRunner {
         }
         let mut lease =
             Lease::acquire(&self.wh, &format!("job-{}", spec.name), self.lease_ttl).await?;
-        let mut result = self.run_batches(spec, &mut lease, &mut report).await;
-        if result.is_ok() {
-            match self.state_after_last(spec).await {
-                Ok(s) => report.watermark = s.and_then(|s| s.watermark.current),
-                Err(e) => result = Err(e),
-            }
-        }
+        let result = self.run_batches(spec, &mut lease, &mut report).await;
         if let Err(e) = lease.release().await {
             warn!(job = %spec.name, error = %e, "could not release lease");
         }
@@ -154,36 +148,31 @@ impl JobRunner {
         lease: &mut Lease,
         report: &mut JobReport,
     ) -> Result<()> {
+        let mut done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
+        let mut state = self.state_before(spec, done + 1).await?;
         loop {
             if !report.batches.is_empty() {
                 lease.renew(self.lease_ttl).await?;
             }
-            let done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
             let n = done + 1;
             let plan = match plan::read_plan(&self.wh, &spec.name, n).await? {
                 Some(p) => {
                     info!(job = %spec.name, batch = n, "resuming planned batch");
                     p
                 }
-                None => match self.plan_next(spec, n).await? {
+                None => match self.plan_next(spec, n, &state).await? {
                     Some(p) => p,
                     None => break,
                 },
             };
             fault::point("job_after_plan");
-            let entry = self.execute(spec, &plan).await?;
+            let (entry, after) = self.execute(spec, &plan, state).await?;
             report.batches.push(entry);
+            state = after;
+            done = n;
         }
+        report.watermark = state.watermark.current;
         Ok(())
-    }
-
-    /// The state after the job's last completed batch (None before its first).
-    async fn state_after_last(&self, spec: &JobSpec) -> Result<Option<JobState>> {
-        let done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
-        if done == 0 {
-            return Ok(None);
-        }
-        self.state_before(spec, done + 1).await.map(Some)
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
@@ -206,18 +195,26 @@ impl JobRunner {
 
     /// Plan batch `n`: per source, the next completed ingestion batch (one at a time, as a
     /// live pipeline would have seen them). None when no source has one.
-    async fn plan_next(&self, spec: &JobSpec, n: i64) -> Result<Option<JobPlan>> {
-        let state = self.state_before(spec, n).await?;
+    async fn plan_next(&self, spec: &JobSpec, n: i64, state: &JobState) -> Result<Option<JobPlan>> {
+        let runs = self.wh.open(runlog::TABLE).await?;
         let mut inputs = BTreeMap::new();
         let mut any = false;
         for s in &spec.sources {
             let after = state.positions.get(s).copied().unwrap_or(0);
-            let ingested = runlog::last_batch(&self.wh, "ingest", s).await?;
+            let ingested = match &runs {
+                Some(t) => delta::txn_version(t, &runlog::app_id("ingest", s))
+                    .await?
+                    .unwrap_or(0),
+                None => 0,
+            };
             let upto = ingested.min(after + 1).max(after);
             any |= upto > after;
-            let bronze_version = match self.wh.open(&bronze_path(s)).await? {
-                Some(t) => t.version().map(|v| v as i64),
-                None => None,
+            let bronze_version = match upto > after {
+                true => match self.wh.open(&bronze_path(s)).await? {
+                    Some(t) => t.version().map(|v| v as i64),
+                    None => None,
+                },
+                false => None,
             };
             inputs.insert(
                 s.clone(),
@@ -240,13 +237,20 @@ impl JobRunner {
         plan::write_plan(&self.wh, &p).await.map(Some)
     }
 
-    async fn execute(&self, spec: &JobSpec, plan: &JobPlan) -> Result<JobEntry> {
+    /// Run batch `plan` from `before`; returns its run-log entry and the state after it.
+    async fn execute(
+        &self,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        before: JobState,
+    ) -> Result<(JobEntry, JobState)> {
         let started = now_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
-        let gold_done = match self.wh.open(&spec.table).await? {
+        let gold = self.wh.open(&spec.table).await?;
+        let gold_done = match &gold {
             Some(t) => {
-                delta::txn_version(&t, &app_id(&spec.name))
+                delta::txn_version(t, &app_id(&spec.name))
                     .await?
                     .unwrap_or(0)
                     >= n
@@ -261,7 +265,6 @@ impl JobRunner {
                 gold: None,
             },
             _ => {
-                let before = self.state_before(spec, n).await?;
                 let mut c = self.compute(spec, plan, before).await?;
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
@@ -279,7 +282,7 @@ impl JobRunner {
         let mut written = counts.windows_recomputed + counts.deleted;
         if let Some((schema, rows)) = computed.gold {
             if !gold_done && !rows.is_empty() {
-                written = self.merge_gold(spec, &schema, rows, n).await?;
+                written = self.merge_gold(spec, gold, &schema, rows, n).await?;
             }
         }
         fault::point("job_after_gold");
@@ -305,7 +308,7 @@ impl JobRunner {
             windows = entry.counts.windows_recomputed,
             "job batch done"
         );
-        Ok(entry)
+        Ok((entry, computed.result.state))
     }
 
     async fn append_late(&self, spec: &JobSpec, rows: &RecordBatch, n: i64) -> Result<()> {
@@ -325,14 +328,19 @@ impl JobRunner {
     async fn merge_gold(
         &self,
         spec: &JobSpec,
+        gold: Option<deltalake::DeltaTable>,
         schema: &SchemaRef,
         rows: Vec<RecordBatch>,
         n: i64,
     ) -> Result<i64> {
-        let table = self
-            .wh
-            .open_or_create(&spec.table, schema, &[GOLD_PARTITION])
-            .await?;
+        let table = match gold {
+            Some(t) => t,
+            None => {
+                self.wh
+                    .open_or_create(&spec.table, schema, &[GOLD_PARTITION])
+                    .await?
+            }
+        };
         let mut days: Vec<i32> = Vec::new();
         for b in &rows {
             if let Some(d) = b.column_by_name(GOLD_PARTITION) {
