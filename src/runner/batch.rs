@@ -175,6 +175,12 @@ impl JobRunner {
         Ok(())
     }
 
+    fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
+        self.schemas
+            .get(source)
+            .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))
+    }
+
     /// The state before batch `n`: result `n−1`'s, or the initial state.
     async fn state_before(&self, spec: &JobSpec, n: i64) -> Result<JobState> {
         if n <= 1 {
@@ -357,10 +363,10 @@ impl JobRunner {
             .merge_keys
             .iter()
             .map(|k| {
-                let nullable = self.schemas[&spec.sources[0]]
-                    .bronze
-                    .field_with_name(k)
-                    .map(|f| f.is_nullable())
+                let nullable = self
+                    .source_schema(&spec.sources[0])
+                    .ok()
+                    .and_then(|s| s.bronze.field_with_name(k).ok().map(|f| f.is_nullable()))
                     .unwrap_or(false);
                 (k.clone(), nullable)
             })
@@ -399,7 +405,7 @@ impl JobRunner {
             return Err(Error::Other(format!("{} is not a windowed job", spec.name)));
         };
         let source = &spec.sources[0];
-        let schema = self.schemas[source].bronze.clone();
+        let schema = self.source_schema(source)?.bronze.clone();
         let input = plan.inputs.get(source).ok_or_else(|| Error::Plan {
             path: format!("job plan {} of {}", plan.batch_id, spec.name),
             reason: format!("no input for source {source}"),
@@ -410,8 +416,8 @@ impl JobRunner {
             Some(t) => Some(delta::session_with(t, "bronze").await?),
             None => None,
         };
-        // Reads project the columns they need: the new rows' keys, times and arrival
-        // columns; the recompute the job's input columns (not file/line bookkeeping).
+        // Reads project the job's input columns (not file/line bookkeeping); the session
+        // finalisation lookup only keys, times and arrival columns.
         let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
         let input_schema = agg::job_input_schema(&schema);
         let read_bronze = |filter, target: SchemaRef| {
@@ -615,7 +621,7 @@ impl JobRunner {
         (lo, hi): (Micros, Micros),
         lookback: Micros,
     ) -> Result<Vec<GoldSession>> {
-        let bronze = &self.schemas[&spec.sources[0]].bronze;
+        let bronze = &self.source_schema(&spec.sources[0])?.bronze;
         let Some(table) = self.wh.open(&spec.table).await? else {
             return Ok(Vec::new());
         };
