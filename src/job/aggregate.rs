@@ -5,14 +5,15 @@
 //! 1. [`split_late`]: new rows older than `W − lookback` (W = watermark at batch start)
 //!    are too late; the rest are applied.
 //! 2. [`observe`] the new rows into the watermark, then advance it.
-//! 3. [`Touched`]: the windows the applied rows fall in, plus the windows whose end the
-//!    watermark passed in this batch (they turn final even if no new event hit them).
-//! 4. The runner reads the applied bronze rows of those windows; [`assign_windows`] (or
-//!    [`assign_sessions`]) gives each row its window(s) and [`aggregate`] runs the job's
-//!    SQL aggregates with DataFusion; [`gold_rows`] adds `window_end`, `is_final`,
-//!    `window_date` and the batch columns.
+//! 3. [`Touched`]: the windows the applied rows fall in ([`SessionScope`] for sessions).
+//! 4. The runner reads the older applied bronze rows of those windows and of the windows
+//!    whose end the watermark passed in this batch (they turn final even if no new event
+//!    hit them); [`assign_windows`] (or [`assign_sessions`]) gives each row its
+//!    window(s), [`aggregate`] runs the job's SQL aggregates with DataFusion, and
+//!    [`gold_rows`] adds `window_end`, `is_final`, `window_date` and the batch columns;
+//!    [`tombstones`] remove sessions a late event merged away.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -21,11 +22,11 @@ use arrow::array::{
 };
 use arrow::compute::{cast, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
-use arrow::row::{RowConverter, SortField};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
+pub use crate::job::keys::{FastMap, FastSet, KeyEncoder, KeyId};
 use crate::schema::ts_type;
 use crate::time::watermark::Watermark;
 use crate::time::window::WindowSpec;
@@ -159,125 +160,6 @@ pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<(
         w.observe(source, p, max_ts, newest);
     }
     Ok(())
-}
-
-/// A key's id within one job batch (see [`KeyEncoder`]).
-pub type KeyId = u32;
-
-/// Fast hash maps and sets for per-row work.
-pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// See [`FastMap`].
-pub type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
-
-/// Interns key-column values: each distinct key gets a small id, so per-row work hashes
-/// bytes once and allocates only per distinct key. Ids are valid within one encoder.
-/// A single string key is hashed as is; other keys go through Arrow's row format.
-pub struct KeyEncoder {
-    keys: Vec<String>,
-    /// None: a single Utf8 key (the common case), interned from its bytes.
-    conv: Option<RowConverter>,
-    ids: FastMap<Box<[u8]>, KeyId>,
-    /// Interned keys by id: row-format bytes, or the string's bytes (None for null).
-    values: Vec<Option<Box<[u8]>>>,
-}
-
-impl KeyEncoder {
-    /// An encoder for `keys` of `schema`.
-    pub fn new(schema: &Schema, keys: &[String]) -> Result<Self> {
-        let types = keys
-            .iter()
-            .map(|k| {
-                schema
-                    .field_with_name(k)
-                    .map(|f| f.data_type().clone())
-                    .map_err(|e| Error::Other(format!("key column {k}: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let conv = if types.len() == 1 && types[0] == DataType::Utf8 {
-            None
-        } else {
-            Some(RowConverter::new(
-                types.into_iter().map(SortField::new).collect(),
-            )?)
-        };
-        Ok(KeyEncoder {
-            keys: keys.to_vec(),
-            conv,
-            ids: FastMap::default(),
-            values: Vec::new(),
-        })
-    }
-
-    fn intern(&mut self, bytes: Option<&[u8]>) -> KeyId {
-        // Nulls of a single string key get their own id via a marker no UTF-8 has.
-        let lookup: &[u8] = bytes.unwrap_or(&[0xff, 0xfe]);
-        if let Some(id) = self.ids.get(lookup) {
-            return *id;
-        }
-        let id = self.values.len() as KeyId;
-        self.ids.insert(lookup.into(), id);
-        self.values.push(bytes.map(Into::into));
-        id
-    }
-
-    /// Key ids of every row of `batch` (key columns looked up by name).
-    pub fn encode(&mut self, batch: &RecordBatch) -> Result<Vec<KeyId>> {
-        let cols = self
-            .keys
-            .iter()
-            .map(|k| {
-                batch
-                    .column_by_name(k)
-                    .cloned()
-                    .ok_or_else(|| Error::Other(format!("rows without key column {k}")))
-            })
-            .collect::<Result<Vec<ArrayRef>>>()?;
-        let mut out = Vec::with_capacity(batch.num_rows());
-        match &self.conv {
-            None => {
-                let c = cast(&cols[0], &DataType::Utf8)?;
-                let strings = c.as_string::<i32>();
-                for v in strings.iter() {
-                    out.push(self.intern(v.map(str::as_bytes)));
-                }
-            }
-            Some(conv) => {
-                let rows = conv.convert_columns(&cols)?;
-                for r in rows.iter() {
-                    out.push(self.intern(Some(r.as_ref())));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Key columns back from ids.
-    pub fn decode(&self, ids: impl Iterator<Item = KeyId>) -> Result<Vec<ArrayRef>> {
-        let values: Vec<Option<&[u8]>> = ids
-            .map(|i| {
-                self.values
-                    .get(i as usize)
-                    .map(|v| v.as_deref())
-                    .ok_or_else(|| Error::Other(format!("unknown key id {i}")))
-            })
-            .collect::<Result<_>>()?;
-        match &self.conv {
-            None => {
-                let strings: StringArray = values
-                    .into_iter()
-                    .map(|v| v.map(|b| String::from_utf8_lossy(b).into_owned()))
-                    .collect();
-                Ok(vec![Arc::new(strings)])
-            }
-            Some(conv) => {
-                let parser = conv.parser();
-                let rows = values
-                    .into_iter()
-                    .map(|v| parser.parse(v.unwrap_or_default()));
-                Ok(conv.convert_rows(rows)?)
-            }
-        }
-    }
 }
 
 /// The (key, window start) pairs a batch recomputes, for tumbling and sliding windows.
@@ -961,62 +843,6 @@ mod tests {
         assert_eq!(assigned.num_rows(), 5);
         assert_eq!(sessions, vec![(u, 0, 50 * M)]);
         assert_eq!(scope.corrections(&sessions), 1);
-    }
-
-    #[test]
-    fn key_ids_are_stable_and_decode_back_for_string_and_composite_keys() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("s", DataType::Utf8, true),
-            Field::new("n", DataType::Int64, true),
-        ]));
-        let batch = |s: Vec<Option<&str>>, n: Vec<Option<i64>>| {
-            RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(StringArray::from(s)),
-                    Arc::new(Int64Array::from(n)),
-                ],
-            )
-            .unwrap()
-        };
-        let a = batch(
-            vec![Some("x"), None, Some("x")],
-            vec![Some(1), Some(2), None],
-        );
-        let b = batch(vec![None, Some("y")], vec![Some(2), Some(1)]);
-        // single string key (fast path), nulls included
-        let mut one = KeyEncoder::new(&schema, &["s".to_string()]).unwrap();
-        let ia = one.encode(&a).unwrap();
-        let ib = one.encode(&b).unwrap();
-        assert_eq!(ia, vec![0, 1, 0]);
-        assert_eq!(ib, vec![1, 2]);
-        let back = one.decode([0, 1, 2].into_iter()).unwrap();
-        let back = back[0].as_string::<i32>();
-        assert_eq!(
-            back.iter().collect::<Vec<_>>(),
-            vec![Some("x"), None, Some("y")]
-        );
-        // composite key (Arrow row format)
-        let keys = vec!["s".to_string(), "n".to_string()];
-        let mut two = KeyEncoder::new(&schema, &keys).unwrap();
-        assert_eq!(two.encode(&a).unwrap(), vec![0, 1, 2]);
-        assert_eq!(two.encode(&b).unwrap(), vec![1, 3]);
-        let back = two.decode([3, 2].into_iter()).unwrap();
-        assert_eq!(back[0].as_string::<i32>().value(0), "y");
-        assert_eq!(
-            col_i64(
-                &RecordBatch::try_new(
-                    Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)])),
-                    vec![back[1].clone()],
-                )
-                .unwrap(),
-                "n"
-            )
-            .unwrap()
-            .iter()
-            .collect::<Vec<_>>(),
-            vec![Some(1), None]
-        );
     }
 
     #[test]

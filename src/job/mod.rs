@@ -3,5 +3,6 @@
 //! of their own ([`aggregate`]), so micro-batch runs and backfills share them.
 
 pub mod aggregate;
+pub mod keys;
 pub mod plan;
 pub mod spec;
