@@ -663,3 +663,79 @@ fn collect_files(dir: &std::path::Path, out: &mut Vec<(i64, std::path::PathBuf)>
         }
     }
 }
+
+// ---- user-defined jobs ----------------------------------------------------------------
+
+/// A user job keyed by two columns, one of them nullable (`page`): null keys are one
+/// group, and a second batch into the same windows updates those rows (the MERGE matches
+/// null keys with IS NOT DISTINCT FROM) instead of inserting duplicates.
+#[test]
+fn a_user_job_with_a_nullable_composite_key_merges_null_keys() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("jobs")).unwrap();
+    std::fs::write(
+        env.path().join("jobs/pages_5m.toml"),
+        r#"name = "pages_5m"
+schedule = "0 */5 * * * *"
+sources = ["clickstream"]
+keys = ["event_type", "page"]
+
+[window]
+kind = "tumbling"
+size = "5m"
+
+[aggregates]
+events = "count(*)"
+visitors = "count(DISTINCT anonymous_id)"
+"#,
+    )
+    .unwrap();
+    let line = |id: &str, t: i64, anon: &str, page: Option<&str>| {
+        let page = page.map_or("null".to_string(), |p| format!("\"{p}\""));
+        format!(
+            r#"{{"event_id":"{id}","event_ts":"{}","anonymous_id":"{anon}","event_type":"page_view","page":{page}}}"#,
+            ts(t)
+        )
+    };
+    env.land(
+        "clickstream/a.ndjson",
+        &lines(&[
+            line("k1", T0 + 10, "u1", None),
+            line("k2", T0 + 20, "u2", Some("/a")),
+            line("k3", T0 + 30, "u3", None),
+        ]),
+        T0 + 40,
+    );
+    env.run_ok(&["run", "--job", "pages_5m"], 0);
+    env.land(
+        "clickstream/b.ndjson",
+        &lines(&[
+            line("k4", T0 + 50, "u1", None),
+            line("k5", T0 + 60, "u4", Some("/a")),
+            line("k6", T0 + 400, "u4", None),
+        ]),
+        T0 + 410,
+    );
+    env.run_ok(&["run", "--job", "pages_5m"], 0);
+    let got = env.query(
+        "gold/pages_5m",
+        "SELECT coalesce(page, '∅'), to_unixtime(window_start), events, visitors, is_final FROM t ORDER BY 2, 1",
+    );
+    let row = |p: &str, s: i64, e: i64, v: i64, f: bool| {
+        vec![
+            p.to_string(),
+            s.to_string(),
+            e.to_string(),
+            v.to_string(),
+            f.to_string(),
+        ]
+    };
+    assert_eq!(
+        got,
+        vec![
+            row("/a", T0, 2, 2, true),
+            row("∅", T0, 3, 2, true),
+            row("∅", T0 + 300, 1, 1, false),
+        ]
+    );
+}
