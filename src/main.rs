@@ -155,9 +155,9 @@ async fn run(
         }
     }
     print_summary(&reports);
-    if !failures.is_empty() {
-        anyhow::bail!("ingestion failed for {}", failures.join("; "));
-    }
+    // Jobs consume only completed ingestion batches, so they run even when a source
+    // failed to ingest; every failure is reported at the end.
+    let mut job_failures: Vec<String> = Vec::new();
     let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
     let mut job_reports: Vec<JobReport> = Vec::new();
     for (name, spec) in &all_jobs {
@@ -166,12 +166,19 @@ async fn run(
         }
         match runner.run_job(spec).await {
             Ok(r) => job_reports.push(r),
-            Err(e) => failures.push(format!("{name}: {e}")),
+            Err(e) => job_failures.push(format!("{name}: {e}")),
         }
     }
     print_job_summary(&job_reports);
-    if !failures.is_empty() {
-        anyhow::bail!("job failed: {}", failures.join("; "));
+    match (failures.is_empty(), job_failures.is_empty()) {
+        (true, true) => {}
+        (false, true) => anyhow::bail!("ingestion failed for {}", failures.join("; ")),
+        (true, false) => anyhow::bail!("job failed: {}", job_failures.join("; ")),
+        (false, false) => anyhow::bail!(
+            "ingestion failed for {}; job failed: {}",
+            failures.join("; "),
+            job_failures.join("; ")
+        ),
     }
     let bad_files: i64 = reports
         .iter()
