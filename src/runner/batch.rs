@@ -34,7 +34,7 @@ use crate::fault;
 use crate::job::aggregate::{
     self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched,
 };
-use crate::job::plan::{self, Input, JobCounts, JobPlan, JobResult, JobState};
+use crate::job::plan::{self, Cutoff, Input, JobCounts, JobPlan, JobResult, JobState};
 use crate::job::spec::{JobKind, JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::runlog::{self, JobEntry};
@@ -215,12 +215,14 @@ impl JobRunner {
             };
             let upto = ingested.min(after + 1).max(after);
             any |= upto > after;
-            let bronze_version = match upto > after {
-                true => match self.wh.open(&bronze_path(s)).await? {
-                    Some(t) => t.version().map(|v| v as i64),
-                    None => None,
-                },
-                false => None,
+            let bronze_version = if upto > after {
+                self.wh
+                    .open(&bronze_path(s))
+                    .await?
+                    .and_then(|t| t.version())
+                    .map(|v| v as i64)
+            } else {
+                None
             };
             inputs.insert(
                 s.clone(),
@@ -491,16 +493,7 @@ impl JobRunner {
                     scope.widen(existing, gap);
                 }
                 let ranges = scope.ranges();
-                let rows = if ranges.is_empty() {
-                    applied.clone()
-                } else {
-                    let old = read_bronze(
-                        read::applied_in_ranges(&ranges, older, &cutoffs),
-                        input_schema.clone(),
-                    )
-                    .await?;
-                    arrow::compute::concat_batches(&input_schema, [&old, &applied])?
-                };
+                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
                 let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
                 let gold_schema = agg::gold_schema(&agg_schema, keys, true);
@@ -539,16 +532,7 @@ impl JobRunner {
                     ranges.push((lo, a));
                     ranges = agg::merge_ranges(ranges);
                 }
-                let rows = if ranges.is_empty() {
-                    applied.clone()
-                } else {
-                    let old = read_bronze(
-                        read::applied_in_ranges(&ranges, older, &cutoffs),
-                        input_schema.clone(),
-                    )
-                    .await?;
-                    arrow::compute::concat_batches(&input_schema, [&old, &applied])?
-                };
+                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
                 let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
                 let assigned =
                     agg::assign_windows(&mut enc, window, &rows, &mut touched, advanced)?;
@@ -668,4 +652,23 @@ impl JobRunner {
             })
             .collect())
     }
+}
+
+/// The rows a batch recomputes its windows from: the older applied bronze rows (ingestion
+/// batches up to `older`) in `ranges`, then the batch's own applied rows, already in
+/// memory.
+async fn recompute_rows(
+    ctx: Option<&SessionContext>,
+    ranges: &[(Micros, Micros)],
+    older: i64,
+    cutoffs: &[Cutoff],
+    applied: &RecordBatch,
+) -> Result<RecordBatch> {
+    let (Some(ctx), false) = (ctx, ranges.is_empty()) else {
+        return Ok(applied.clone());
+    };
+    let schema = applied.schema();
+    let filter = read::applied_in_ranges(ranges, older, cutoffs);
+    let old = read::read(ctx, "bronze", filter, &schema).await?;
+    Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
 }
