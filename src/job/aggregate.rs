@@ -447,21 +447,18 @@ pub fn assign_sessions(
     let mut ends: Vec<Micros> = Vec::new();
     let mut sessions = Vec::new();
     for (key, mut events) in per_key {
+        // The gap rule lives in `time::window::sessions`; its sessions come in event-time
+        // order, so each takes the next `events` rows of the sorted list.
         events.sort_unstable();
-        let mut k = 0;
-        while k < events.len() {
-            let mut j = k;
-            while j + 1 < events.len() && events[j + 1].0 - events[j].0 < gap {
-                j += 1;
-            }
-            let (start, end) = (events[k].0, events[j].0);
-            for e in &events[k..=j] {
+        let times: Vec<Micros> = events.iter().map(|e| e.0).collect();
+        let mut rest = events.iter();
+        for s in crate::time::window::sessions(&times, gap) {
+            for e in rest.by_ref().take(s.events) {
                 idx.push(e.1);
-                starts.push(start);
-                ends.push(end);
+                starts.push(s.start);
+                ends.push(s.end);
             }
-            sessions.push((key, start, end));
-            k = j + 1;
+            sessions.push((key, s.start, s.end));
         }
     }
     let taken = take_record_batch(rows, &UInt32Array::from(idx))?;

@@ -78,24 +78,9 @@ impl WindowSpec {
     /// The `[start, end)` windows holding an event at `ts`, earliest first (tumbling and
     /// sliding; empty for sessions, which depend on neighbouring events).
     pub fn windows_for(&self, ts: Micros) -> Vec<(Micros, Micros)> {
-        match *self {
-            WindowSpec::Tumbling { size } => {
-                let start = ts.div_euclid(size) * size;
-                vec![(start, start + size)]
-            }
-            WindowSpec::Sliding { size, slide } => {
-                let last = ts.div_euclid(slide) * slide;
-                let n = size / slide;
-                (0..n)
-                    .rev()
-                    .map(|k| {
-                        let start = last - k * slide;
-                        (start, start + size)
-                    })
-                    .collect()
-            }
-            WindowSpec::Session { .. } => Vec::new(),
-        }
+        let mut out = Vec::new();
+        self.each_window(ts, |start, end| out.push((start, end)));
+        out
     }
 }
 
