@@ -73,42 +73,27 @@ pub struct IngestEntry {
 }
 
 impl IngestEntry {
-    fn to_batch(&self) -> Result<RecordBatch> {
-        let ts = |v: i64| Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"));
-        let i = |v: i64| Arc::new(Int64Array::from(vec![v]));
-        Ok(RecordBatch::try_new(
-            SCHEMA.clone(),
-            vec![
-                Arc::new(StringArray::from(vec![self.run_id.as_str()])),
-                Arc::new(StringArray::from(vec!["ingest"])),
-                Arc::new(StringArray::from(vec![self.source.as_str()])),
-                i(self.batch_id),
-                ts(self.started_at_us),
-                ts(self.finished_at_us),
-                i((self.finished_at_us - self.started_at_us) / 1000),
-                i(self.files),
-                i(self.files_rejected),
-                i(self.files_changed),
-                i(self.rows_in),
-                i(self.rows_written),
-                i(self.duplicates),
-                i(self.quarantined),
-                Arc::new(Int64Array::from(vec![self.bronze_version])),
-                Arc::new(StringArray::from(vec![self.status.as_str()])),
-                Arc::new(StringArray::from(vec![self.message.as_deref()])),
-                null_i64(),
-                null_i64(),
-                null_i64(),
-                null_i64(),
-                null_i64(),
-                Arc::new(TimestampMicrosecondArray::from(vec![None::<i64>]).with_timezone("UTC")),
-            ],
-        )?)
+    fn row(&self) -> Row<'_> {
+        Row {
+            run_id: &self.run_id,
+            kind: "ingest",
+            name: &self.source,
+            batch_id: self.batch_id,
+            started_at_us: self.started_at_us,
+            finished_at_us: self.finished_at_us,
+            status: &self.status,
+            message: self.message.as_deref(),
+            rows_in: Some(self.rows_in),
+            rows_written: Some(self.rows_written),
+            files: Some(self.files),
+            files_rejected: Some(self.files_rejected),
+            files_changed: Some(self.files_changed),
+            duplicates: Some(self.duplicates),
+            quarantined: Some(self.quarantined),
+            bronze_version: self.bronze_version,
+            ..Row::default()
+        }
     }
-}
-
-fn null_i64() -> Arc<Int64Array> {
-    Arc::new(Int64Array::from(vec![None::<i64>]))
 }
 
 /// One completed job batch.
@@ -127,41 +112,108 @@ pub struct JobEntry {
 }
 
 impl JobEntry {
+    fn row(&self) -> Row<'_> {
+        let c = &self.counts;
+        Row {
+            run_id: &self.run_id,
+            kind: "job",
+            name: &self.job,
+            batch_id: self.batch_id,
+            started_at_us: self.started_at_us,
+            finished_at_us: self.finished_at_us,
+            status: &self.status,
+            message: self.message.as_deref(),
+            rows_in: Some(c.rows_in),
+            rows_written: Some(self.rows_written),
+            rows_applied: Some(c.applied),
+            too_late: Some(c.too_late),
+            windows_recomputed: Some(c.windows_recomputed),
+            windows_deleted: Some(c.deleted),
+            corrections: Some(c.corrections),
+            watermark: c.watermark_after,
+            ..Row::default()
+        }
+    }
+}
+
+/// One run-log row: the columns every kind fills, then the kind-specific ones (None is
+/// written as null). The column order is [`SCHEMA`]'s.
+#[derive(Default)]
+struct Row<'a> {
+    run_id: &'a str,
+    kind: &'a str,
+    name: &'a str,
+    batch_id: i64,
+    started_at_us: i64,
+    finished_at_us: i64,
+    status: &'a str,
+    message: Option<&'a str>,
+    rows_in: Option<i64>,
+    rows_written: Option<i64>,
+    // ingestion
+    files: Option<i64>,
+    files_rejected: Option<i64>,
+    files_changed: Option<i64>,
+    duplicates: Option<i64>,
+    quarantined: Option<i64>,
+    bronze_version: Option<i64>,
+    // jobs
+    rows_applied: Option<i64>,
+    too_late: Option<i64>,
+    windows_recomputed: Option<i64>,
+    windows_deleted: Option<i64>,
+    corrections: Option<i64>,
+    watermark: Option<i64>,
+}
+
+impl Row<'_> {
     fn to_batch(&self) -> Result<RecordBatch> {
         let ts = |v: Option<i64>| {
             Arc::new(TimestampMicrosecondArray::from(vec![v]).with_timezone("UTC"))
         };
-        let i = |v: i64| Arc::new(Int64Array::from(vec![v]));
-        let c = &self.counts;
+        let i = |v: Option<i64>| Arc::new(Int64Array::from(vec![v]));
+        let s = |v: Option<&str>| Arc::new(StringArray::from(vec![v]));
         Ok(RecordBatch::try_new(
             SCHEMA.clone(),
             vec![
-                Arc::new(StringArray::from(vec![self.run_id.as_str()])),
-                Arc::new(StringArray::from(vec!["job"])),
-                Arc::new(StringArray::from(vec![self.job.as_str()])),
-                i(self.batch_id),
+                s(Some(self.run_id)),
+                s(Some(self.kind)),
+                s(Some(self.name)),
+                i(Some(self.batch_id)),
                 ts(Some(self.started_at_us)),
                 ts(Some(self.finished_at_us)),
-                i((self.finished_at_us - self.started_at_us) / 1000),
-                null_i64(),
-                null_i64(),
-                null_i64(),
-                i(c.rows_in),
+                i(Some((self.finished_at_us - self.started_at_us) / 1000)),
+                i(self.files),
+                i(self.files_rejected),
+                i(self.files_changed),
+                i(self.rows_in),
                 i(self.rows_written),
-                null_i64(),
-                null_i64(),
-                null_i64(),
-                Arc::new(StringArray::from(vec![self.status.as_str()])),
-                Arc::new(StringArray::from(vec![self.message.as_deref()])),
-                i(c.applied),
-                i(c.too_late),
-                i(c.windows_recomputed),
-                i(c.deleted),
-                i(c.corrections),
-                ts(c.watermark_after),
+                i(self.duplicates),
+                i(self.quarantined),
+                i(self.bronze_version),
+                s(Some(self.status)),
+                s(self.message),
+                i(self.rows_applied),
+                i(self.too_late),
+                i(self.windows_recomputed),
+                i(self.windows_deleted),
+                i(self.corrections),
+                ts(self.watermark),
             ],
         )?)
     }
+}
+
+/// Append `row` unless its batch is already logged (txn per kind and name). Returns true
+/// if written.
+async fn append(wh: &Warehouse, row: &Row<'_>) -> Result<bool> {
+    let table = wh.open_or_create(TABLE, &SCHEMA, &[]).await?;
+    let app = app_id(row.kind, row.name);
+    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= row.batch_id {
+        return Ok(false);
+    }
+    delta::append_evolving(table, vec![row.to_batch()?], &app, row.batch_id).await?;
+    Ok(true)
 }
 
 /// Last batch id logged for (kind, name); 0 when none.
@@ -176,22 +228,10 @@ pub async fn last_batch(wh: &Warehouse, kind: &str, name: &str) -> Result<i64> {
 
 /// Append an ingestion entry unless that batch is already logged. Returns true if written.
 pub async fn log_ingest(wh: &Warehouse, e: &IngestEntry) -> Result<bool> {
-    let table = wh.open_or_create(TABLE, &SCHEMA, &[]).await?;
-    let app = app_id("ingest", &e.source);
-    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= e.batch_id {
-        return Ok(false);
-    }
-    delta::append_evolving(table, vec![e.to_batch()?], &app, e.batch_id).await?;
-    Ok(true)
+    append(wh, &e.row()).await
 }
 
 /// Append a job entry unless that batch is already logged. Returns true if written.
 pub async fn log_job(wh: &Warehouse, e: &JobEntry) -> Result<bool> {
-    let table = wh.open_or_create(TABLE, &SCHEMA, &[]).await?;
-    let app = app_id("job", &e.job);
-    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= e.batch_id {
-        return Ok(false);
-    }
-    delta::append_evolving(table, vec![e.to_batch()?], &app, e.batch_id).await?;
-    Ok(true)
+    append(wh, &e.row()).await
 }
