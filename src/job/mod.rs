@@ -4,5 +4,6 @@
 
 pub mod aggregate;
 pub mod keys;
+pub mod payments;
 pub mod plan;
 pub mod spec;

@@ -70,9 +70,56 @@ pub enum JobKind {
         /// (output column, SQL aggregate expression), in file order.
         aggregates: Vec<(String, String)>,
     },
+    /// Order/payment matching (`payments_fast`, `payment_reconciliation`).
+    Payments {
+        mode: PaymentMode,
+        params: PaymentParams,
+    },
     /// A Rust operator, by name.
     Operator { operator: String },
 }
+
+/// Which payments job: the five-minute fast match or the reconciliation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentMode {
+    Fast,
+    Reconcile,
+}
+
+/// Settings of the payments operators (`[params]` in the job file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentParams {
+    /// Payments with event_ts up to order_ts + this count for an order (default 3d).
+    pub business_window: Duration,
+    /// How far, in event time, an order's lines and payments are looked for around the
+    /// event that touched the order (default 7d; at least the business window).
+    pub horizon: Duration,
+    /// `payments_fast`: the first capture came at most this long after order_ts (5m).
+    pub fast_within: Duration,
+}
+
+impl Default for PaymentParams {
+    fn default() -> Self {
+        PaymentParams {
+            business_window: Duration::from_secs(3 * 86_400),
+            horizon: Duration::from_secs(7 * 86_400),
+            fast_within: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Columns (and types) the payments operators need from their two sources.
+const ORDER_COLUMNS: [(&str, crate::schema::FieldType); 3] = [
+    ("order_id", crate::schema::FieldType::String),
+    ("event_ts", crate::schema::FieldType::Timestamp),
+    ("amount_cents", crate::schema::FieldType::Int64),
+];
+const PAYMENT_COLUMNS: [(&str, crate::schema::FieldType); 4] = [
+    ("order_id", crate::schema::FieldType::String),
+    ("event_ts", crate::schema::FieldType::Timestamp),
+    ("amount_cents", crate::schema::FieldType::Int64),
+    ("status", crate::schema::FieldType::String),
+];
 
 /// One job definition.
 #[derive(Debug, Clone, PartialEq)]
@@ -197,6 +244,7 @@ pub async fn parse(
         "window",
         "aggregates",
         "operator",
+        "params",
         "time",
         "sink",
     ])?;
@@ -303,8 +351,23 @@ pub async fn parse(
                     );
                 }
             }
-            JobKind::Operator {
-                operator: op.to_string(),
+            match op {
+                "payments_fast" | "payment_reconciliation" => {
+                    let mode = if op == "payments_fast" {
+                        PaymentMode::Fast
+                    } else {
+                        PaymentMode::Reconcile
+                    };
+                    payments_kind(&top, mode, &sources, schemas)?
+                }
+                _ => {
+                    if table.contains_key("params") {
+                        return Err(top.err("params", "nothing: this operator has no settings"));
+                    }
+                    JobKind::Operator {
+                        operator: op.to_string(),
+                    }
+                }
             }
         }
         None => aggregate_kind(&top, &sources, schemas).await?,
@@ -323,7 +386,7 @@ pub async fn parse(
             k.push(window_start_column(window).to_string());
             k
         }
-        (JobKind::Operator { .. }, None) => {
+        (JobKind::Payments { .. } | JobKind::Operator { .. }, None) => {
             return Err(Error::config(
                 file,
                 "sink.merge_keys",
@@ -349,6 +412,65 @@ pub fn window_start_column(w: &WindowSpec) -> &'static str {
         WindowSpec::Session { .. } => "session_start",
         _ => "window_start",
     }
+}
+
+/// A payments operator: two sources (order lines, then payments) with the columns it
+/// reads, and its `[params]`.
+fn payments_kind(
+    top: &Fields<'_>,
+    mode: PaymentMode,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    if sources.len() != 2 {
+        return Err(top.err(
+            "sources",
+            "two sources: order lines, then payments (e.g. [\"orders\", \"payments\"])",
+        ));
+    }
+    for (source, needed) in [
+        (&sources[0], &ORDER_COLUMNS[..]),
+        (&sources[1], &PAYMENT_COLUMNS[..]),
+    ] {
+        let schema = &schemas[source];
+        for (name, ty) in needed {
+            let ok = schema
+                .fields
+                .iter()
+                .any(|f| f.name == *name && f.ty == *ty && !f.nullable);
+            if !ok {
+                return Err(top.err(
+                    "sources",
+                    format!(
+                        "`{source}` to have a required {ty:?} field `{name}` (the operator reads {})",
+                        needed.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    let mut params = PaymentParams::default();
+    if let Some(p) = top.sub("params")? {
+        let known: &[&str] = match mode {
+            PaymentMode::Fast => &["business_window", "horizon", "fast_within"],
+            PaymentMode::Reconcile => &["business_window", "horizon"],
+        };
+        p.only(known)?;
+        let positive = |key: &str, default: Duration| -> Result<Duration> {
+            let d = p.duration(key, default)?;
+            if d.is_zero() {
+                return Err(p.err(key, "a positive duration"));
+            }
+            Ok(d)
+        };
+        params.business_window = positive("business_window", params.business_window)?;
+        params.horizon = positive("horizon", params.horizon)?;
+        params.fast_within = positive("fast_within", params.fast_within)?;
+        if params.horizon < params.business_window {
+            return Err(p.err("horizon", "a duration at least as long as business_window"));
+        }
+    }
+    Ok(JobKind::Payments { mode, params })
 }
 
 async fn aggregate_kind(

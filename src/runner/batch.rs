@@ -54,11 +54,11 @@ pub fn app_id(job: &str) -> String {
 /// Partition column of gold tables of windowed jobs.
 pub const GOLD_PARTITION: &str = "window_date";
 
-fn now_us() -> Micros {
+pub(super) fn now_us() -> Micros {
     Utc::now().timestamp_micros()
 }
 
-fn micros(d: std::time::Duration) -> Micros {
+pub(super) fn micros(d: std::time::Duration) -> Micros {
     i64::try_from(d.as_micros()).unwrap_or(Micros::MAX)
 }
 
@@ -92,15 +92,27 @@ impl JobReport {
 }
 
 /// A computed batch: its durable result and the rows to commit.
-struct Computed {
-    result: JobResult,
-    late: Option<RecordBatch>,
-    gold: Option<(SchemaRef, Vec<RecordBatch>)>,
+pub(super) struct Computed {
+    pub(super) result: JobResult,
+    pub(super) late: Option<RecordBatch>,
+    pub(super) gold: Option<GoldRows>,
+}
+
+/// Merge-source rows for a gold table.
+pub(super) struct GoldRows {
+    /// The gold table's schema (the rows add `_op`).
+    pub(super) schema: SchemaRef,
+    pub(super) rows: Vec<RecordBatch>,
+    /// Date partition column of the gold table.
+    pub(super) partition: &'static str,
+    /// Partitions the MERGE must read besides those the rows go to (where rows that
+    /// moved or are deleted may sit now).
+    pub(super) extra_days: Vec<i32>,
 }
 
 /// Runs jobs against one warehouse.
 pub struct JobRunner {
-    wh: Warehouse,
+    pub(super) wh: Warehouse,
     schemas: BTreeMap<String, Arc<SourceSchema>>,
     run_id: String,
     lease_ttl: std::time::Duration,
@@ -175,7 +187,7 @@ impl JobRunner {
         Ok(())
     }
 
-    fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
+    pub(super) fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
         self.schemas
             .get(source)
             .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))
@@ -273,7 +285,13 @@ impl JobRunner {
                 gold: None,
             },
             _ => {
-                let mut c = self.compute(spec, plan, before).await?;
+                let mut c = match &spec.kind {
+                    JobKind::Payments { mode, params } => {
+                        self.compute_payments(spec, *mode, params, plan, before)
+                            .await?
+                    }
+                    _ => self.compute(spec, plan, before).await?,
+                };
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
             }
@@ -288,9 +306,9 @@ impl JobRunner {
         }
         fault::point("job_after_late");
         let mut written = counts.windows_recomputed + counts.deleted;
-        if let Some((schema, rows)) = computed.gold {
-            if !gold_done && !rows.is_empty() {
-                written = self.merge_gold(spec, gold, &schema, rows, n).await?;
+        if let Some(rows) = computed.gold {
+            if !gold_done && rows.rows.iter().any(|b| b.num_rows() > 0) {
+                written = self.merge_gold(spec, gold, rows, n).await?;
             }
         }
         fault::point("job_after_gold");
@@ -337,25 +355,24 @@ impl JobRunner {
         &self,
         spec: &JobSpec,
         gold: Option<deltalake::DeltaTable>,
-        schema: &SchemaRef,
-        rows: Vec<RecordBatch>,
+        out: GoldRows,
         n: i64,
     ) -> Result<i64> {
         let table = match gold {
             Some(t) => t,
             None => {
                 self.wh
-                    .open_or_create(&spec.table, schema, &[GOLD_PARTITION])
+                    .open_or_create(&spec.table, &out.schema, &[out.partition])
                     .await?
             }
         };
-        let mut days: Vec<i32> = Vec::new();
-        for b in &rows {
-            if let Some(d) = b.column_by_name(GOLD_PARTITION) {
+        let mut days = out.extra_days;
+        for b in &out.rows {
+            if let Some(d) = b.column_by_name(out.partition) {
                 days.extend(
                     d.as_primitive::<arrow::datatypes::Date32Type>()
-                        .values()
-                        .iter(),
+                        .iter()
+                        .flatten(),
                 );
             }
         }
@@ -375,11 +392,16 @@ impl JobRunner {
             .collect();
         let ms = MergeSpec {
             keys: &keys,
-            partition: (GOLD_PARTITION, days),
-            columns: schema.fields().iter().map(|f| f.name().clone()).collect(),
+            partition: (out.partition, days),
+            columns: out
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
             op_column: agg::OP,
         };
-        let (_, counts) = delta::merge(table, rows, &ms, &app_id(&spec.name), n).await?;
+        let (_, counts) = delta::merge(table, out.rows, &ms, &app_id(&spec.name), n).await?;
         info!(
             job = %spec.name,
             batch = n,
@@ -590,7 +612,12 @@ impl JobRunner {
                 counts,
             },
             late,
-            gold: Some(gold),
+            gold: Some(GoldRows {
+                schema: gold.0,
+                rows: gold.1,
+                partition: GOLD_PARTITION,
+                extra_days: Vec::new(),
+            }),
         })
     }
 

@@ -3,4 +3,5 @@
 
 pub mod batch;
 pub mod ingest;
+mod payments;
 pub mod read;

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::SchemaRef;
+use datafusion::common::JoinType;
 use datafusion::common::ScalarValue;
-use datafusion::prelude::{col, lit, Expr, SessionContext};
+use datafusion::prelude::{col, lit, DataFrame, Expr, SessionContext};
 
 use crate::error::{Error, Result};
 use crate::job::plan::Cutoff;
@@ -97,11 +98,43 @@ pub async fn read(
         .map_err(|e| Error::query(&what, e))?
         .filter(filter)
         .map_err(|e| Error::query(&what, e))?;
+    collect(df, &what, target).await
+}
+
+/// Like [`read`], restricted to rows whose `key` column is one of `keys` (a one-column
+/// batch named `_key`): a semi join in the same plan, so the filter prunes files first.
+pub async fn read_keys(
+    ctx: &SessionContext,
+    name: &str,
+    filter: Expr,
+    key: &str,
+    keys: &RecordBatch,
+    target: &SchemaRef,
+) -> Result<RecordBatch> {
+    let what = format!(
+        "read {name} where {filter} and {key} in {} keys",
+        keys.num_rows()
+    );
+    let keys_df = ctx
+        .read_batch(keys.clone())
+        .map_err(|e| Error::query(&what, e))?;
+    let df = ctx
+        .table(name)
+        .await
+        .map_err(|e| Error::query(&what, e))?
+        .filter(filter)
+        .map_err(|e| Error::query(&what, e))?
+        .join(keys_df, JoinType::LeftSemi, &[key], &["_key"], None)
+        .map_err(|e| Error::query(&what, e))?;
+    collect(df, &what, target).await
+}
+
+async fn collect(df: DataFrame, what: &str, target: &SchemaRef) -> Result<RecordBatch> {
     let names: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
     let df = df
         .select_columns(&names)
-        .map_err(|e| Error::query(&what, e))?;
-    let batches = df.collect().await.map_err(|e| Error::query(&what, e))?;
+        .map_err(|e| Error::query(what, e))?;
+    let batches = df.collect().await.map_err(|e| Error::query(what, e))?;
     let conformed = batches
         .iter()
         .map(|b| conform(b, target))

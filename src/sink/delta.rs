@@ -186,8 +186,8 @@ pub async fn append_evolving(
         .map_err(|e| Error::delta(url, e))
 }
 
-/// A DataFusion session with `table` registered under `name`.
-pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionContext> {
+/// A DataFusion session for reading kestrel's tables.
+pub fn session() -> SessionContext {
     // Plain Utf8 from Parquet: view types would be cast back (a copy) by every reader.
     let mut config = SessionConfig::new().with_target_partitions(2);
     config
@@ -195,7 +195,12 @@ pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionConte
         .execution
         .parquet
         .schema_force_view_types = false;
-    let ctx = SessionContext::new_with_config(config);
+    SessionContext::new_with_config(config)
+}
+
+/// A DataFusion session with `table` registered under `name`.
+pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionContext> {
+    let ctx = session();
     register(&ctx, table, name).await?;
     Ok(ctx)
 }

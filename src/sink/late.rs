@@ -69,3 +69,42 @@ pub fn rows(
     cols.push(ts(now_us));
     Ok(RecordBatch::try_new(target, cols)?)
 }
+
+/// Column naming the source of a row in the late ledger of a job over several sources.
+pub const SOURCE: &str = "_source";
+
+/// The ledger's row schema for a job over several sources: every bronze column of the
+/// sources (first source first, each name once, all nullable), then `_source`.
+pub fn union_schema(bronzes: &[&Schema]) -> SchemaRef {
+    let mut fields: Vec<Field> = Vec::new();
+    for b in bronzes {
+        for f in b.fields() {
+            if !fields.iter().any(|x| x.name() == f.name()) {
+                fields.push(f.as_ref().clone().with_nullable(true));
+            }
+        }
+    }
+    fields.push(Field::new(SOURCE, DataType::Utf8, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Bronze rows of `source` conformed to `union` (see [`union_schema`]): columns the
+/// source lacks are null, `_source` names it.
+pub fn to_union(rows: &RecordBatch, source: &str, union: &SchemaRef) -> Result<RecordBatch> {
+    let n = rows.num_rows();
+    let cols = union
+        .fields()
+        .iter()
+        .map(|f| -> Result<ArrayRef> {
+            if f.name() == SOURCE {
+                return Ok(Arc::new(StringArray::from(vec![source; n])));
+            }
+            Ok(match rows.column_by_name(f.name()) {
+                Some(c) if c.data_type() == f.data_type() => c.clone(),
+                Some(c) => arrow::compute::cast(c, f.data_type())?,
+                None => arrow::array::new_null_array(f.data_type(), n),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(union.clone(), cols)?)
+}

@@ -4,4 +4,5 @@
 mod common;
 mod ingest;
 mod jobs;
+mod payments;
 mod s3;

@@ -1,0 +1,289 @@
+//! One batch of a payments job (`payments_fast`, `payment_reconciliation`): the reads
+//! around the pure operator in [`crate::job::payments`]. The exactly-once protocol
+//! (plan, durable result, late ledger, gold MERGE, run log) is the windowed jobs' one in
+//! [`super::batch`]; only the compute step differs.
+//!
+//! Reads are bounded by event time, never by history: new rows by ingestion batch, the
+//! deadline candidates by the event-time range the watermark crossed, and the touched
+//! orders' lines and payments by `horizon` around the touching events, each restricted
+//! to its event-date partitions and to applied rows (recorded cut-offs exclude rows that
+//! were too late when consumed).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{col, SessionContext};
+
+use super::batch::{micros, now_us, Computed, GoldRows, JobRunner};
+use crate::error::{Error, Result};
+use crate::job::aggregate as agg;
+use crate::job::payments::{self as pay, Stamp, Touches};
+use crate::job::plan::{JobCounts, JobPlan, JobResult, JobState};
+use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
+use crate::runner::ingest::bronze_path;
+use crate::runner::read;
+use crate::sink::{delta, late};
+
+/// Name of a source's bronze table in the batch's session.
+fn table(source: &str) -> String {
+    format!("bronze_{source}")
+}
+
+fn columns(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+impl JobRunner {
+    /// A session with both sources' bronze tables (an empty table for a source that has
+    /// no bronze yet).
+    async fn payments_session(&self, spec: &JobSpec) -> Result<SessionContext> {
+        let ctx = delta::session();
+        for s in &spec.sources {
+            match self.wh.open(&bronze_path(s)).await? {
+                Some(t) => delta::register(&ctx, &t, &table(s)).await?,
+                None => {
+                    let schema = self.source_schema(s)?.bronze.clone();
+                    let empty = MemTable::try_new(schema, vec![vec![]])
+                        .map_err(|e| Error::query("empty bronze table", e))?;
+                    ctx.register_table(table(s), Arc::new(empty))
+                        .map_err(|e| Error::query("empty bronze table", e))?;
+                }
+            }
+        }
+        Ok(ctx)
+    }
+
+    pub(super) async fn compute_payments(
+        &self,
+        spec: &JobSpec,
+        mode: PaymentMode,
+        params: &PaymentParams,
+        plan: &JobPlan,
+        mut state: JobState,
+    ) -> Result<Computed> {
+        let ctx = self.payments_session(spec).await?;
+        let lookback = micros(spec.time.lookback);
+        let window = micros(params.business_window);
+        let horizon = micros(params.horizon);
+        let w_before = state.watermark.current;
+        let cutoff = w_before.map(|w| w - lookback);
+        let now = now_us();
+        let touch_cols = columns(&["order_id", "event_ts", "_source_partition", "_landed_at"]);
+
+        // 1. New rows per source: too-late ones aside, applied ones touch their orders.
+        let mut touches = Touches::default();
+        let mut late_parts: Vec<(&str, RecordBatch)> = Vec::new();
+        let (mut rows_in, mut applied_n, mut late_n) = (0i64, 0i64, 0i64);
+        for s in &spec.sources {
+            let input = plan.inputs.get(s).ok_or_else(|| Error::Plan {
+                path: format!("job plan {} of {}", plan.batch_id, spec.name),
+                reason: format!("no input for source {s}"),
+            })?;
+            if input.upto_batch <= input.after_batch {
+                continue;
+            }
+            let bronze = self.source_schema(s)?.bronze.clone();
+            let between = read::batches_between(input.after_batch, input.upto_batch);
+            let target = agg::project(&bronze, &touch_cols)?;
+            let new = read::read(&ctx, &table(s), between.clone(), &target).await?;
+            let (applied, too_late) = agg::split_late(&new, cutoff)?;
+            touches.add(&applied)?;
+            if let Some(c) = cutoff.filter(|_| too_late.num_rows() > 0) {
+                let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
+                let whole = read::read(&ctx, &table(s), filter, &bronze).await?;
+                late_parts.push((s.as_str(), whole));
+            }
+            agg::observe(&mut state.watermark, s, &new)?;
+            state.positions.insert(s.clone(), input.upto_batch);
+            if let Some(c) = cutoff {
+                // Reads reach back at most business window + horizon before a cut-off.
+                state.push_cutoff(s, input, c, c - window - horizon);
+            }
+            rows_in += new.num_rows() as i64;
+            applied_n += applied.num_rows() as i64;
+            late_n += too_late.num_rows() as i64;
+        }
+        // 2. Advance the watermark (min over both sources).
+        let w_after = state.watermark.advance();
+
+        // 3. Orders and orphan candidates whose deadline W crossed in this batch.
+        if mode == PaymentMode::Reconcile {
+            if let Some(range) = pay::deadline_range(w_before, w_after, window) {
+                for s in &spec.sources {
+                    let bronze = &self.source_schema(s)?.bronze;
+                    let target = agg::project(bronze, &columns(&["order_id", "event_ts"]))?;
+                    let filter =
+                        read::applied_in_ranges(&[range], upto(&state, s), cutoffs(&state, s));
+                    touches.add(&read::read(&ctx, &table(s), filter, &target).await?)?;
+                }
+            }
+        }
+        let re_evaluated = touches.len();
+
+        // 4. The touched orders' lines and payments within the horizon, joined.
+        let (facts, days) = self
+            .order_facts(&ctx, spec, params, &state, &touches, horizon)
+            .await?;
+        let stamp = Stamp {
+            w_before,
+            w_after,
+            batch_id: plan.batch_id,
+            now_us: now,
+        };
+        let (out, schema) = match mode {
+            PaymentMode::Fast => {
+                let existing = self.existing_keys(spec, &touches, &days).await?;
+                (
+                    pay::fast_rows(&facts, params, stamp, &existing)?,
+                    pay::fast_schema(),
+                )
+            }
+            PaymentMode::Reconcile => (
+                pay::reconciliation_rows(&facts, params, stamp)?,
+                pay::reconciliation_schema(),
+            ),
+        };
+        tracing::info!(
+            job = %spec.name,
+            touched = re_evaluated,
+            upserts = out.upserts,
+            tombstones = out.tombstones,
+            "orders re-evaluated"
+        );
+
+        let late = match (cutoff, w_before) {
+            (Some(c), Some(w)) if !late_parts.is_empty() => {
+                let bronzes = spec
+                    .sources
+                    .iter()
+                    .map(|s| self.source_schema(s).map(|x| x.bronze.clone()))
+                    .collect::<Result<Vec<SchemaRef>>>()?;
+                let refs: Vec<&arrow::datatypes::Schema> =
+                    bronzes.iter().map(|b| b.as_ref()).collect();
+                let union = late::union_schema(&refs);
+                let parts = late_parts
+                    .iter()
+                    .map(|(s, b)| late::to_union(b, s, &union))
+                    .collect::<Result<Vec<_>>>()?;
+                let rows = arrow::compute::concat_batches(&union, &parts)?;
+                let why = late::reason(w, spec.time.lookback);
+                Some(late::rows(&rows, plan.batch_id, w, c, &why, now)?)
+            }
+            _ => None,
+        };
+        let counts = JobCounts {
+            rows_in,
+            applied: applied_n,
+            too_late: late_n,
+            windows_recomputed: out.upserts as i64,
+            deleted: out.tombstones as i64,
+            corrections: out.corrections as i64,
+            watermark_before: w_before,
+            watermark_after: w_after,
+        };
+        let rows = if out.rows.num_rows() > 0 {
+            vec![out.rows]
+        } else {
+            Vec::new()
+        };
+        Ok(Computed {
+            result: JobResult {
+                job: spec.name.clone(),
+                batch_id: plan.batch_id,
+                state,
+                counts,
+            },
+            late,
+            gold: Some(GoldRows {
+                schema,
+                rows,
+                partition: pay::ORDER_DATE,
+                extra_days: days,
+            }),
+        })
+    }
+
+    /// The touched order_ids that have a gold row in the partitions of `days`.
+    async fn existing_keys(
+        &self,
+        spec: &JobSpec,
+        touches: &Touches,
+        days: &[i32],
+    ) -> Result<HashSet<String>> {
+        let Some(gold) = self.wh.open(&spec.table).await? else {
+            return Ok(HashSet::new());
+        };
+        if touches.is_empty() || days.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let ctx = delta::session_with(&gold, "gold").await?;
+        let target = Arc::new(Schema::new(vec![Field::new(
+            pay::ORDER_ID,
+            DataType::Utf8,
+            false,
+        )]));
+        let found = read::read_keys(
+            &ctx,
+            "gold",
+            read::dates_in(pay::ORDER_DATE, days),
+            pay::ORDER_ID,
+            &touches.keys_batch()?,
+            &target,
+        )
+        .await?;
+        let ids = found.column(0).as_string::<i32>();
+        Ok(ids.iter().flatten().map(str::to_string).collect())
+    }
+
+    /// Facts of the touched orders (see [`pay::facts`]) and the event days of the rows
+    /// they were computed from.
+    async fn order_facts(
+        &self,
+        ctx: &SessionContext,
+        spec: &JobSpec,
+        params: &PaymentParams,
+        state: &JobState,
+        touches: &Touches,
+        horizon: i64,
+    ) -> Result<(RecordBatch, Vec<i32>)> {
+        let (orders, payments) = (&spec.sources[0], &spec.sources[1]);
+        let read_side = |source: &str, cols: &[&str]| {
+            let source = source.to_string();
+            let cols = columns(cols);
+            async move {
+                let bronze = self.source_schema(&source)?.bronze.clone();
+                let target = agg::project(&bronze, &cols)?;
+                if touches.is_empty() {
+                    return Ok::<_, Error>(RecordBatch::new_empty(target));
+                }
+                let filter = read::applied_in_ranges(
+                    &touches.ranges(horizon),
+                    upto(state, &source),
+                    cutoffs(state, &source),
+                );
+                let keys = touches.keys_batch()?;
+                read::read_keys(ctx, &table(&source), filter, "order_id", &keys, &target).await
+            }
+        };
+        let o = read_side(orders, &pay::ORDER_INPUT).await?;
+        let p = read_side(payments, &pay::PAYMENT_INPUT).await?;
+        let mut days = pay::event_days(&o)?;
+        days.extend(pay::event_days(&p)?);
+        days.sort_unstable();
+        days.dedup();
+        let facts = pay::facts(o, p, params.business_window).await?;
+        Ok((facts, days))
+    }
+}
+
+/// The last ingestion batch of `source` the job has consumed (including this batch).
+fn upto(state: &JobState, source: &str) -> i64 {
+    state.positions.get(source).copied().unwrap_or(0)
+}
+
+fn cutoffs<'a>(state: &'a JobState, source: &str) -> &'a [crate::job::plan::Cutoff] {
+    state.cutoffs.get(source).map_or(&[], |c| c.as_slice())
+}
