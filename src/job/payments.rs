@@ -474,3 +474,201 @@ fn string_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> 
     c.as_string_opt::<i32>()
         .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::compute::cast;
+
+    const S: Micros = 1_000_000;
+    const D: Micros = DAY;
+
+    fn ts_col(v: Vec<Micros>) -> ArrayRef {
+        Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"))
+    }
+
+    fn orders(rows: &[(&str, Micros, i64)]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("order_id", DataType::Utf8, false),
+            Field::new("event_ts", ts_type(), false),
+            Field::new("amount_cents", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                ts_col(rows.iter().map(|r| r.1).collect()),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn payments(rows: &[(&str, Micros, i64, &str)]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("order_id", DataType::Utf8, false),
+            Field::new("event_ts", ts_type(), false),
+            Field::new("amount_cents", DataType::Int64, false),
+            Field::new("status", DataType::Utf8, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                ts_col(rows.iter().map(|r| r.1).collect()),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3))),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn sample() -> RecordBatch {
+        let o = orders(&[("X", 2 * S, 400), ("X", 0, 600), ("Z", 100 * S, 700)]);
+        let p = payments(&[
+            ("X", 10 * S, 1000, "failed"),
+            ("X", 20 * S, 1000, "captured"),
+            ("X", 3 * D, 50, "captured"), // exactly at the deadline: counts
+            ("X", 3 * D + 1, 200, "refunded"), // after it: does not
+            ("X", 5 * S, 1000, "authorized"),
+            ("Y", 5 * S, 999, "captured"), // no order: every payment counts
+            ("Y", 10 * D, 9, "refunded"),
+        ]);
+        facts(o, p, std::time::Duration::from_secs(3 * 86_400))
+            .await
+            .unwrap()
+    }
+
+    fn row(b: &RecordBatch, i: usize) -> String {
+        let f = Facts::of(b).unwrap();
+        let o = |v: Option<Micros>| v.map_or("-".to_string(), |v| (v / S).to_string());
+        format!(
+            "{} {} {} {} {} {}",
+            f.id.value(i),
+            o(Facts::opt_ts(f.order_ts, i)),
+            if f.amount.is_valid(i) {
+                f.amount.value(i).to_string()
+            } else {
+                "-".into()
+            },
+            f.captured.value(i),
+            o(Facts::opt_ts(f.first_capture, i)),
+            o(Facts::opt_ts(f.first_payment, i)),
+        )
+    }
+
+    #[tokio::test]
+    async fn facts_join_lines_and_payments_within_the_business_window() {
+        let b = sample().await;
+        let rows: Vec<String> = (0..b.num_rows()).map(|i| row(&b, i)).collect();
+        assert_eq!(
+            rows,
+            vec![
+                "X 0 1000 1050 20 5".to_string(),
+                "Y - - 990 5 5".to_string(),
+                "Z 100 700 0 - -".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn status_rules() {
+        let w = 3 * D;
+        assert_eq!(order_status(0, 10, 10, None, w), status::MATCHED);
+        assert_eq!(order_status(0, 10, 0, Some(3 * D - 1), w), status::PENDING);
+        assert_eq!(order_status(0, 10, 0, None, w), status::PENDING);
+        assert_eq!(order_status(0, 10, 0, Some(3 * D), w), status::UNMATCHED);
+        assert_eq!(order_status(0, 10, 5, Some(3 * D), w), status::MISMATCH);
+        assert_eq!(order_status(0, 10, 15, Some(4 * D), w), status::MISMATCH);
+    }
+
+    #[test]
+    fn deadline_range_is_what_the_watermark_crossed() {
+        let w = 3 * D;
+        assert_eq!(
+            deadline_range(Some(w + 10), Some(w + 20), w),
+            Some((11, 21))
+        );
+        assert_eq!(deadline_range(Some(w + 20), Some(w + 20), w), None);
+        assert_eq!(deadline_range(Some(5), None, w), None);
+        assert_eq!(
+            deadline_range(None, Some(w + 20), w),
+            Some((Micros::MIN / 2, 21))
+        );
+    }
+
+    #[test]
+    fn touch_ranges_merge_around_touches() {
+        let mut t = Touches::default();
+        t.add(&orders(&[("A", 100, 1), ("B", 110, 1), ("A", 1000, 1)]))
+            .unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.ranges(10), vec![(90, 121), (990, 1011)]);
+        assert_eq!(t.ranges(500), vec![(-400, 1501)]);
+        let k = t.keys_batch().unwrap();
+        assert_eq!(k.column(0).as_string::<i32>().value(1), "B");
+    }
+
+    fn stamp(w_before: Option<Micros>, w_after: Option<Micros>) -> Stamp {
+        Stamp {
+            w_before,
+            w_after,
+            batch_id: 7,
+            now_us: 0,
+        }
+    }
+
+    fn col_strs(b: &RecordBatch, name: &str) -> Vec<String> {
+        let c = cast(b.column_by_name(name).unwrap(), &DataType::Utf8).unwrap();
+        c.as_string::<i32>()
+            .iter()
+            .map(|v| v.unwrap_or("∅").to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn reconciliation_rows_by_watermark() {
+        let b = sample().await;
+        let p = PaymentParams::default();
+        // Before any deadline: X (1050 of 1000) and Z pending; no orphan row for Y.
+        let out = reconciliation_rows(&b, &p, stamp(None, Some(3 * D))).unwrap();
+        assert_eq!(col_strs(&out.rows, "order_id"), vec!["X", "Z"]);
+        assert_eq!(col_strs(&out.rows, "status"), vec!["mismatch", "pending"]);
+        assert_eq!(col_strs(&out.rows, "is_final"), vec!["true", "false"]);
+        assert_eq!(out.corrections, 0);
+        // W past every deadline; the batch started with X already closed: a correction.
+        let out = reconciliation_rows(&b, &p, stamp(Some(3 * D), Some(20 * D))).unwrap();
+        assert_eq!(col_strs(&out.rows, "order_id"), vec!["X", "Y", "Z"]);
+        assert_eq!(
+            col_strs(&out.rows, "status"),
+            vec!["mismatch", "orphan_payment", "unmatched"]
+        );
+        assert_eq!(
+            col_strs(&out.rows, "amount_cents"),
+            vec!["1000", "∅", "700"]
+        );
+        assert_eq!(
+            col_strs(&out.rows, "order_date"),
+            vec!["1970-01-01", "1970-01-01", "1970-01-01"]
+        );
+        assert_eq!(out.corrections, 1);
+        assert_eq!(out.upserts, 3);
+    }
+
+    #[tokio::test]
+    async fn fast_rows_upsert_quick_captures_and_delete_only_existing_rows() {
+        let b = sample().await;
+        let mut p = PaymentParams::default();
+        let none = HashSet::new();
+        let out = fast_rows(&b, &p, stamp(None, None), &none).unwrap();
+        assert_eq!(col_strs(&out.rows, "order_id"), vec!["X"]);
+        assert_eq!(col_strs(&out.rows, "lag_s"), vec!["20.0"]);
+        assert_eq!((out.upserts, out.tombstones), (1, 0));
+        // With 10 s allowed X no longer qualifies: a tombstone, since it has a row.
+        p.fast_within = std::time::Duration::from_secs(10);
+        let existing: HashSet<String> = ["X".to_string()].into();
+        let out = fast_rows(&b, &p, stamp(None, None), &existing).unwrap();
+        assert_eq!(col_strs(&out.rows, OP), vec!["delete"]);
+        assert_eq!((out.upserts, out.tombstones), (0, 1));
+    }
+}

@@ -380,6 +380,13 @@ pub async fn parse(
                 "at least one column",
             ))
         }
+        (JobKind::Payments { .. }, Some(k)) if k != [crate::job::payments::ORDER_ID] => {
+            return Err(Error::config(
+                file,
+                "sink.merge_keys",
+                format!("[\"order_id\"] (the payments operators' key), got {k:?}"),
+            ))
+        }
         (_, Some(k)) => k,
         (JobKind::Aggregate { keys, window, .. }, None) => {
             let mut k = keys.clone();
@@ -724,5 +731,58 @@ mod tests {
         assert!(e.contains("`operator`"), "{e}");
         let e = err(&format!("{BASE}{win}{agg}[sink]\ntable = \"silver/x\"\n")).await;
         assert!(e.contains("`sink.table`"), "{e}");
+    }
+
+    const PAY: &str = "name = \"x\"\nschedule = \"0 0 * * * *\"\noperator = \"payment_reconciliation\"\n[sink]\nmerge_keys = [\"order_id\"]\n";
+
+    #[tokio::test]
+    async fn payments_jobs_check_sources_keys_and_params() {
+        let jobs = load_all(Path::new("/none"), &schemas()).await.unwrap();
+        assert_eq!(
+            jobs["payments_fast"].kind,
+            JobKind::Payments {
+                mode: PaymentMode::Fast,
+                params: PaymentParams::default()
+            }
+        );
+        let two = "sources = [\"orders\", \"payments\"]\n";
+        let ok = parse(
+            &format!("{two}{PAY}[params]\nbusiness_window = \"2d\"\nhorizon = \"10d\"\n"),
+            "jobs/x.toml",
+            &schemas(),
+        )
+        .await
+        .unwrap();
+        match ok.kind {
+            JobKind::Payments { mode, params } => {
+                assert_eq!(mode, PaymentMode::Reconcile);
+                assert_eq!(params.business_window, Duration::from_secs(2 * 86_400));
+                assert_eq!(params.horizon, Duration::from_secs(10 * 86_400));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = err(&format!("sources = [\"payments\", \"orders\"]\n{PAY}")).await;
+        assert!(
+            e.contains("`sources`")
+                && e.contains("`orders` to have a required String field `status`"),
+            "{e}"
+        );
+        let e = err(&format!("sources = [\"orders\"]\n{PAY}")).await;
+        assert!(e.contains("`sources`") && e.contains("two sources"), "{e}");
+        let e = err(&format!("{two}{PAY}[params]\nhorizon = \"1d\"\n")).await;
+        assert!(
+            e.contains("`params.horizon`") && e.contains("business_window"),
+            "{e}"
+        );
+        let e = err(&format!("{two}{PAY}[params]\nfast_within = \"1m\"\n")).await;
+        assert!(e.contains("`params.fast_within`"), "{e}");
+        let e = err(&format!(
+            "{two}name = \"x\"\nschedule = \"0 0 * * * *\"\noperator = \"payments_fast\"\n[sink]\nmerge_keys = [\"sku\"]\n"
+        ))
+        .await;
+        assert!(
+            e.contains("`sink.merge_keys`") && e.contains("order_id"),
+            "{e}"
+        );
     }
 }

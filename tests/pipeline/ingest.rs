@@ -538,13 +538,18 @@ fn demo_then_run_and_independent_readers_agree() {
     }
     let dups = env.count("_kestrel/runs", "SELECT sum(duplicates) FROM t");
     assert!(dups > 0, "the demo re-delivers some events");
-    // Gold tables of the windowed jobs: kestrel's own row count and sums.
+    // Gold tables of the windowed and payment jobs: kestrel's own row count and sums.
     let mut gold_sums: Vec<(String, &str, i64)> = Vec::new();
     for (job, cols) in [
         ("clickstream_5m", &["events", "visitors"][..]),
         ("revenue_5m", &["orders", "units", "revenue_cents"][..]),
         ("revenue_1h", &["orders", "units", "revenue_cents"][..]),
         ("sessions", &["events", "page_views"][..]),
+        (
+            "payment_reconciliation",
+            &["amount_cents", "captured_cents"][..],
+        ),
+        ("payments_fast", &[][..]),
     ] {
         let t = format!("gold/{job}");
         let n = env.count(&t, "SELECT count(*) FROM t");
