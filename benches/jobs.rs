@@ -280,7 +280,7 @@ fn write_commerce(dir: &Path, tag: &str, n: usize, first_id: usize, start_s: i64
             )
             .unwrap();
         };
-        if id % 100 == 0 {
+        if id.is_multiple_of(100) {
             continue;
         }
         pay("a", 5.0, &format!("ord{id}"), 2 * amount, "authorized");
