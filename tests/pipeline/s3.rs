@@ -145,7 +145,7 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     assert!(out.contains("nothing new landed"), "{out}");
 
     let wh = Warehouse::new(Location::open("s3://lake/warehouse", &opts, false).unwrap());
-    let (bronze, quarantined, log, gold, jobs) = rt.block_on(async {
+    let (bronze, quarantined, log, gold, jobs, pending) = rt.block_on(async {
         (
             first_row(
                 &wh,
@@ -167,6 +167,12 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
                 "SELECT count(*) FROM t WHERE kind = 'job'",
             )
             .await,
+            first_row(
+                &wh,
+                "gold/payment_reconciliation",
+                "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FROM t",
+            )
+            .await,
         )
     });
     assert_eq!(bronze, vec![120, 120]);
@@ -174,7 +180,14 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     assert_eq!(log, vec![6, 120, 11]);
     // The windowed jobs over orders ran on S3 too: gold MERGEs through object_store.
     assert_eq!(gold, vec![120], "every order in a revenue_5m window");
-    assert_eq!(jobs, vec![2], "revenue_5m and revenue_1h, one batch each");
+    assert_eq!(
+        jobs,
+        vec![4],
+        "revenue_5m, revenue_1h and the two payment jobs, one batch each"
+    );
+    // Orders without any payments data: no watermark yet, so every order is pending.
+    assert_eq!(pending[0], pending[1]);
+    assert!(pending[0] > 0, "{pending:?}");
 
     // an independent reader (delta-rs Python) sees the same table on S3
     let python = std::env::var("KESTREL_PYTHON").unwrap();
