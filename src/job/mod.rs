@@ -7,3 +7,4 @@ pub mod keys;
 pub mod payments;
 pub mod plan;
 pub mod spec;
+pub mod stockout;

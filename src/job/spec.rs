@@ -75,8 +75,8 @@ pub enum JobKind {
         mode: PaymentMode,
         params: PaymentParams,
     },
-    /// A Rust operator, by name.
-    Operator { operator: String },
+    /// Stock-out detection: alerts per (sku, minute) and availability per sku.
+    Stockout { availability_table: String },
 }
 
 /// Which payments job: the five-minute fast match or the reconciliation.
@@ -360,13 +360,12 @@ pub async fn parse(
                     };
                     payments_kind(&top, mode, &sources, schemas)?
                 }
-                _ => {
-                    if table.contains_key("params") {
-                        return Err(top.err("params", "nothing: this operator has no settings"));
-                    }
-                    JobKind::Operator {
-                        operator: op.to_string(),
-                    }
+                "stockout" => stockout_kind(&top, &sources, schemas)?,
+                other => {
+                    return Err(top.err(
+                        "operator",
+                        format!("one of {}, got {other:?}", OPERATORS.join(", ")),
+                    ))
                 }
             }
         }
@@ -387,13 +386,20 @@ pub async fn parse(
                 format!("[\"order_id\"] (the payments operators' key), got {k:?}"),
             ))
         }
+        (JobKind::Stockout { .. }, Some(k)) if k != ["sku", "minute"] => {
+            return Err(Error::config(
+                file,
+                "sink.merge_keys",
+                format!("[\"sku\", \"minute\"] (the alerts' key), got {k:?}"),
+            ))
+        }
         (_, Some(k)) => k,
         (JobKind::Aggregate { keys, window, .. }, None) => {
             let mut k = keys.clone();
             k.push(window_start_column(window).to_string());
             k
         }
-        (JobKind::Payments { .. } | JobKind::Operator { .. }, None) => {
+        (JobKind::Payments { .. } | JobKind::Stockout { .. }, None) => {
             return Err(Error::config(
                 file,
                 "sink.merge_keys",
@@ -421,6 +427,75 @@ pub fn window_start_column(w: &WindowSpec) -> &'static str {
     }
 }
 
+/// The stock-out operator: one inventory source with the columns it reads, and
+/// `[params] availability_table` (default `gold/sku_availability`).
+fn stockout_kind(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    use crate::schema::FieldType as T;
+    if sources.len() != 1 {
+        return Err(top.err("sources", "one inventory source (e.g. [\"inventory\"])"));
+    }
+    check_columns(
+        top,
+        &sources[0],
+        &[
+            ("sku", T::String),
+            ("event_ts", T::Timestamp),
+            ("event_id", T::String),
+            ("kind", T::String),
+            ("quantity", T::Int64),
+        ],
+        schemas,
+    )?;
+    let mut availability_table = "gold/sku_availability".to_string();
+    if let Some(p) = top.sub("params")? {
+        p.only(&["availability_table"])?;
+        if let Some(t) = p.str_opt("availability_table")? {
+            if !t.starts_with("gold/") || t.len() <= 5 {
+                return Err(p.err(
+                    "availability_table",
+                    format!("a path under gold/, got {t:?}"),
+                ));
+            }
+            availability_table = t.to_string();
+        }
+    }
+    Ok(JobKind::Stockout { availability_table })
+}
+
+/// `source` has each of `needed` as a required field of that type.
+fn check_columns(
+    top: &Fields<'_>,
+    source: &str,
+    needed: &[(&str, crate::schema::FieldType)],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<()> {
+    let schema = &schemas[source];
+    for (name, ty) in needed {
+        let ok = schema
+            .fields
+            .iter()
+            .any(|f| f.name == *name && f.ty == *ty && !f.nullable);
+        if !ok {
+            return Err(top.err(
+                "sources",
+                format!(
+                    "`{source}` to have a required {ty:?} field `{name}` (the operator reads {})",
+                    needed
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A payments operator: two sources (order lines, then payments) with the columns it
 /// reads, and its `[params]`.
 fn payments_kind(
@@ -435,27 +510,8 @@ fn payments_kind(
             "two sources: order lines, then payments (e.g. [\"orders\", \"payments\"])",
         ));
     }
-    for (source, needed) in [
-        (&sources[0], &ORDER_COLUMNS[..]),
-        (&sources[1], &PAYMENT_COLUMNS[..]),
-    ] {
-        let schema = &schemas[source];
-        for (name, ty) in needed {
-            let ok = schema
-                .fields
-                .iter()
-                .any(|f| f.name == *name && f.ty == *ty && !f.nullable);
-            if !ok {
-                return Err(top.err(
-                    "sources",
-                    format!(
-                        "`{source}` to have a required {ty:?} field `{name}` (the operator reads {})",
-                        needed.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-        }
-    }
+    check_columns(top, &sources[0], &ORDER_COLUMNS, schemas)?;
+    check_columns(top, &sources[1], &PAYMENT_COLUMNS, schemas)?;
     let mut params = PaymentParams::default();
     if let Some(p) = top.sub("params")? {
         let known: &[&str] = match mode {
@@ -666,6 +722,24 @@ mod tests {
             vec!["anonymous_id", "session_start"]
         );
         assert_eq!(jobs["stockout"].table, "gold/stockout_alerts");
+        assert_eq!(
+            jobs["stockout"].kind,
+            JobKind::Stockout {
+                availability_table: "gold/sku_availability".into()
+            }
+        );
+        let so = "name = \"x\"\nschedule = \"0 * * * * *\"\noperator = \"stockout\"\n[sink]\nmerge_keys = [\"sku\", \"minute\"]\n";
+        let e = err(&format!("sources = [\"orders\"]\n{so}")).await;
+        assert!(
+            e.contains("`sources`")
+                && e.contains("`orders` to have a required String field `kind`"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "sources = [\"inventory\"]\n{so}[params]\navailability_table = \"x\"\n"
+        ))
+        .await;
+        assert!(e.contains("`params.availability_table`"), "{e}");
         assert_eq!(jobs["payment_reconciliation"].schedule, "0 0 * * * *");
         assert_eq!(
             jobs["clickstream_5m"].time.lookback,

@@ -26,6 +26,7 @@ use std::time::Instant;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
 use chrono::Utc;
+use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, SessionContext};
 use tracing::{info, warn};
 
@@ -95,19 +96,37 @@ impl JobReport {
 pub(super) struct Computed {
     pub(super) result: JobResult,
     pub(super) late: Option<RecordBatch>,
-    pub(super) gold: Option<GoldRows>,
+    /// Gold MERGEs, committed in this order; the last one completes the batch's gold.
+    pub(super) gold: Vec<GoldRows>,
 }
 
-/// Merge-source rows for a gold table.
+/// Merge-source rows for one gold table.
 pub(super) struct GoldRows {
+    pub(super) table: String,
+    /// Application id of the table's commits (txn version = job batch).
+    pub(super) app: String,
+    /// Key columns and whether each is nullable.
+    pub(super) keys: Vec<(String, bool)>,
     /// The gold table's schema (the rows add `_op`).
     pub(super) schema: SchemaRef,
     pub(super) rows: Vec<RecordBatch>,
-    /// Date partition column of the gold table.
+    /// Partition column of the gold table (a date or an integer bucket).
     pub(super) partition: &'static str,
-    /// Partitions the MERGE must read besides those the rows go to (where rows that
-    /// moved or are deleted may sit now).
-    pub(super) extra_days: Vec<i32>,
+    /// Partition values the MERGE must read besides those the rows go to (where rows
+    /// that moved or are deleted may sit now).
+    pub(super) extra_partitions: Vec<ScalarValue>,
+}
+
+/// The table and application id whose commit of batch `n` completes a job's gold
+/// writes: the last MERGE a batch makes.
+pub(super) fn gold_marker(spec: &JobSpec) -> (String, String) {
+    match &spec.kind {
+        JobKind::Stockout { availability_table } => (
+            availability_table.clone(),
+            format!("{}-availability", app_id(&spec.name)),
+        ),
+        _ => (spec.table.clone(), app_id(&spec.name)),
+    }
 }
 
 /// Runs jobs against one warehouse.
@@ -139,12 +158,6 @@ impl JobRunner {
             job: spec.name.clone(),
             ..Default::default()
         };
-        if let JobKind::Operator { operator } = &spec.kind {
-            report.skipped = Some(format!(
-                "the `{operator}` operator is not part of this release yet"
-            ));
-            return Ok(report);
-        }
         let mut lease =
             Lease::acquire(&self.wh, &format!("job-{}", spec.name), self.lease_ttl).await?;
         let result = self.run_batches(spec, &mut lease, &mut report).await;
@@ -267,27 +280,23 @@ impl JobRunner {
         let started = now_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
-        let gold = self.wh.open(&spec.table).await?;
-        let gold_done = match &gold {
-            Some(t) => {
-                delta::txn_version(t, &app_id(&spec.name))
-                    .await?
-                    .unwrap_or(0)
-                    >= n
-            }
-            None => false,
-        };
+        let (marker, marker_app) = gold_marker(spec);
+        let gold_done = self.committed(&marker, &marker_app, n).await?;
         let durable = plan::read_result(&self.wh, &spec.name, n).await?;
         let computed = match (gold_done, durable) {
             (true, Some(result)) => Computed {
                 result,
                 late: None,
-                gold: None,
+                gold: Vec::new(),
             },
             _ => {
                 let mut c = match &spec.kind {
                     JobKind::Payments { mode, params } => {
                         self.compute_payments(spec, *mode, params, plan, before)
+                            .await?
+                    }
+                    JobKind::Stockout { availability_table } => {
+                        self.compute_stockout(spec, availability_table, plan, before)
                             .await?
                     }
                     _ => self.compute(spec, plan, before).await?,
@@ -306,10 +315,17 @@ impl JobRunner {
         }
         fault::point("job_after_late");
         let mut written = counts.windows_recomputed + counts.deleted;
-        if let Some(rows) = computed.gold {
-            if !gold_done && rows.rows.iter().any(|b| b.num_rows() > 0) {
-                written = self.merge_gold(spec, gold, rows, n).await?;
+        let mut merged = None;
+        for (i, out) in computed.gold.into_iter().enumerate() {
+            if i > 0 {
+                fault::point("job_between_merges");
             }
+            if let Some(w) = self.merge_gold(spec, out, n).await? {
+                *merged.get_or_insert(0) += w;
+            }
+        }
+        if let Some(w) = merged {
+            written = w;
         }
         fault::point("job_after_gold");
         let entry = JobEntry {
@@ -351,34 +367,75 @@ impl JobRunner {
         Ok(())
     }
 
-    async fn merge_gold(
-        &self,
-        spec: &JobSpec,
-        gold: Option<deltalake::DeltaTable>,
-        out: GoldRows,
-        n: i64,
-    ) -> Result<i64> {
-        let table = match gold {
-            Some(t) => t,
-            None => {
-                self.wh
-                    .open_or_create(&spec.table, &out.schema, &[out.partition])
-                    .await?
-            }
-        };
-        let mut days = out.extra_days;
+    /// Whether `table` holds the commit of batch `n` by `app`.
+    async fn committed(&self, table: &str, app: &str, n: i64) -> Result<bool> {
+        Ok(match self.wh.open(table).await? {
+            Some(t) => delta::txn_version(&t, app).await?.unwrap_or(0) >= n,
+            None => false,
+        })
+    }
+
+    /// MERGE `out` unless its table already holds batch `n` (or there is nothing to
+    /// write); returns the rows rewritten, inserted and deleted when it merged.
+    async fn merge_gold(&self, spec: &JobSpec, out: GoldRows, n: i64) -> Result<Option<i64>> {
+        if out.rows.iter().all(|b| b.num_rows() == 0) {
+            return Ok(None);
+        }
+        let table = self
+            .wh
+            .open_or_create(&out.table, &out.schema, &[out.partition])
+            .await?;
+        if delta::txn_version(&table, &out.app).await?.unwrap_or(0) >= n {
+            return Ok(None);
+        }
+        let mut values = out.extra_partitions;
         for b in &out.rows {
-            if let Some(d) = b.column_by_name(out.partition) {
-                days.extend(
-                    d.as_primitive::<arrow::datatypes::Date32Type>()
-                        .iter()
-                        .flatten(),
-                );
+            if let Some(c) = b.column_by_name(out.partition) {
+                for i in 0..c.len() {
+                    values.push(
+                        ScalarValue::try_from_array(c, i)
+                            .map_err(|e| Error::query("merge partition values", e))?,
+                    );
+                }
             }
         }
-        days.sort_unstable();
-        days.dedup();
-        let keys: Vec<(String, bool)> = spec
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        values.dedup();
+        let ms = MergeSpec {
+            keys: &out.keys,
+            partition: (out.partition, values),
+            columns: out
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+            op_column: agg::OP,
+        };
+        let (_, counts) = delta::merge(table, out.rows, &ms, &out.app, n).await?;
+        info!(
+            job = %spec.name,
+            table = %out.table,
+            batch = n,
+            updated = counts.updated,
+            inserted = counts.inserted,
+            deleted = counts.deleted,
+            files_scanned = counts.files_scanned,
+            "gold merge"
+        );
+        Ok(Some(counts.updated + counts.inserted + counts.deleted))
+    }
+
+    /// A gold output to the job's own table (`[sink] table`, keys `merge_keys`).
+    pub(super) fn gold_output(
+        &self,
+        spec: &JobSpec,
+        schema: SchemaRef,
+        rows: Vec<RecordBatch>,
+        partition: &'static str,
+        extra_partitions: Vec<ScalarValue>,
+    ) -> GoldRows {
+        let keys = spec
             .merge_keys
             .iter()
             .map(|k| {
@@ -390,28 +447,15 @@ impl JobRunner {
                 (k.clone(), nullable)
             })
             .collect();
-        let ms = MergeSpec {
-            keys: &keys,
-            partition: (out.partition, days),
-            columns: out
-                .schema
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect(),
-            op_column: agg::OP,
-        };
-        let (_, counts) = delta::merge(table, out.rows, &ms, &app_id(&spec.name), n).await?;
-        info!(
-            job = %spec.name,
-            batch = n,
-            updated = counts.updated,
-            inserted = counts.inserted,
-            deleted = counts.deleted,
-            files_scanned = counts.files_scanned,
-            "gold merge"
-        );
-        Ok(counts.updated + counts.inserted + counts.deleted)
+        GoldRows {
+            table: spec.table.clone(),
+            app: app_id(&spec.name),
+            keys,
+            schema,
+            rows,
+            partition,
+            extra_partitions,
+        }
     }
 
     async fn compute(
@@ -612,12 +656,7 @@ impl JobRunner {
                 counts,
             },
             late,
-            gold: Some(GoldRows {
-                schema: gold.0,
-                rows: gold.1,
-                partition: GOLD_PARTITION,
-                extra_days: Vec::new(),
-            }),
+            gold: vec![self.gold_output(spec, gold.0, gold.1, GOLD_PARTITION, Vec::new())],
         })
     }
 

@@ -5,3 +5,4 @@ pub mod batch;
 pub mod ingest;
 mod payments;
 pub mod read;
+mod stockout;

@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{col, SessionContext};
 
-use super::batch::{micros, now_us, Computed, GoldRows, JobRunner};
+use super::batch::{micros, now_us, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate as agg;
 use crate::job::payments::{self as pay, Stamp, Touches};
@@ -197,12 +198,15 @@ impl JobRunner {
                 counts,
             },
             late,
-            gold: Some(GoldRows {
+            gold: vec![self.gold_output(
+                spec,
                 schema,
                 rows,
-                partition: pay::ORDER_DATE,
-                extra_days: days,
-            }),
+                pay::ORDER_DATE,
+                days.into_iter()
+                    .map(|d| ScalarValue::Date32(Some(d)))
+                    .collect(),
+            )],
         })
     }
 

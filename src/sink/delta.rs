@@ -3,6 +3,7 @@
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::CommitProperties;
@@ -254,10 +255,10 @@ pub fn col_i64(b: &RecordBatch, i: usize) -> Result<arrow::array::Int64Array> {
 pub struct MergeSpec<'a> {
     /// Key columns (matched with `=`, or `IS NOT DISTINCT FROM` when nullable).
     pub keys: &'a [(String, bool)],
-    /// Date partition column of the target and the values (days since the epoch) the
-    /// source rows hold: the predicate names them as a literal `IN` list so only those
-    /// partitions' files are read.
-    pub partition: (&'a str, Vec<i32>),
+    /// Partition column of the target and the values the source rows (and the rows
+    /// they replace) hold: the predicate names them as a literal `IN` list so only
+    /// those partitions' files are read.
+    pub partition: (&'a str, Vec<ScalarValue>),
     /// Columns to write (all target columns).
     pub columns: Vec<String>,
     /// Source column holding `upsert` or `delete` (tombstones).
@@ -280,7 +281,6 @@ pub async fn merge(
     let source = ctx
         .read_batches(batches)
         .map_err(|e| Error::query("merge source", e))?;
-    use datafusion::common::ScalarValue;
     use datafusion::prelude::{col, lit, Expr};
     let mut pred: Vec<Expr> = spec
         .keys
@@ -298,12 +298,9 @@ pub async fn merge(
             }
         })
         .collect();
-    let (pcol, days) = &spec.partition;
-    if !days.is_empty() {
-        let list = days
-            .iter()
-            .map(|d| lit(ScalarValue::Date32(Some(*d))))
-            .collect();
+    let (pcol, values) = &spec.partition;
+    if !values.is_empty() {
+        let list = values.iter().map(|v| lit(v.clone())).collect();
         pred.push(col(format!("t.{pcol}")).in_list(list, false));
     }
     let predicate = pred.into_iter().reduce(Expr::and).unwrap_or(lit(true));

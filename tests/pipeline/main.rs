@@ -6,3 +6,4 @@ mod ingest;
 mod jobs;
 mod payments;
 mod s3;
+mod stockout;

@@ -1,0 +1,352 @@
+//! One batch of the `stockout` job: the reads and state around the pure operator in
+//! [`crate::job::stockout`]. The exactly-once protocol is the one in [`super::batch`],
+//! with two gold MERGEs: `gold/stockout_alerts` (txn `kestrel-job-stockout`), then
+//! `gold/sku_availability` (txn `kestrel-job-stockout-availability`), which also holds
+//! the operator's per-sku state and so is committed last: a batch is recomputed until
+//! it is, always from the state before the batch.
+//!
+//! Reads are bounded by the lateness cut-off `c` = W − lookback at batch start: new rows
+//! by ingestion batch; the events the cut-off passes in this batch (to move each sku's
+//! base); the replayed skus' events at or after `c`; the touched skus' alerts from
+//! `c`'s date on; the touched skus' state by bucket.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::prelude::{col, Expr};
+
+use super::batch::{app_id, micros, now_us, Computed, GoldRows, JobRunner};
+use crate::error::{Error, Result};
+use crate::job::aggregate as agg;
+use crate::job::plan::{JobCounts, JobPlan, JobResult, JobState};
+use crate::job::spec::JobSpec;
+use crate::job::stockout::{self as so, AlertChanges, Event, SkuState, Start};
+use crate::runner::ingest::bronze_path;
+use crate::runner::read;
+use crate::sink::{delta, late};
+use crate::time::Micros;
+
+const MINUTE: Micros = 60_000_000;
+
+fn columns(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// A one-column `_key` batch of skus (for semi joins).
+fn keys_batch<'a>(skus: impl Iterator<Item = &'a String>) -> Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
+    let arr: ArrayRef = Arc::new(StringArray::from_iter_values(skus));
+    Ok(RecordBatch::try_new(schema, vec![arr])?)
+}
+
+impl JobRunner {
+    pub(super) async fn compute_stockout(
+        &self,
+        spec: &JobSpec,
+        availability_table: &str,
+        plan: &JobPlan,
+        mut state: JobState,
+    ) -> Result<Computed> {
+        let source = &spec.sources[0];
+        let bronze = self.source_schema(source)?.bronze.clone();
+        let input = plan.inputs.get(source).ok_or_else(|| Error::Plan {
+            path: format!("job plan {} of {}", plan.batch_id, spec.name),
+            reason: format!("no input for source {source}"),
+        })?;
+        let lookback = micros(spec.time.lookback);
+        let now = now_us();
+        let ctx = match self.wh.open(&bronze_path(source)).await? {
+            Some(t) => Some(delta::session_with(&t, "bronze").await?),
+            None => None,
+        };
+        let read_bronze = |filter: Expr, target: SchemaRef| {
+            let ctx = ctx.clone();
+            async move {
+                match ctx {
+                    Some(ctx) => read::read(&ctx, "bronze", filter, &target).await,
+                    None => Ok(RecordBatch::new_empty(target)),
+                }
+            }
+        };
+        let event_cols = agg::project(&bronze, &columns(&so::INPUT))?;
+
+        // 1. New rows: too-late ones aside; advance the watermark.
+        let w_before = state.watermark.current;
+        let cutoff = w_before.map(|w| w - lookback);
+        let between = read::batches_between(input.after_batch, input.upto_batch);
+        let mut new_cols = columns(&so::INPUT);
+        new_cols.extend(columns(&["_source_partition", "_landed_at"]));
+        let new = read_bronze(between.clone(), agg::project(&bronze, &new_cols)?).await?;
+        let (applied, too_late) = agg::split_late(&new, cutoff)?;
+        let late_rows = match cutoff {
+            Some(c) if too_late.num_rows() > 0 => {
+                let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
+                let whole = read_bronze(filter, bronze.clone()).await?;
+                let w = w_before.unwrap_or(c);
+                let why = late::reason(w, spec.time.lookback);
+                Some(late::rows(&whole, plan.batch_id, w, c, &why, now)?)
+            }
+            _ => None,
+        };
+        agg::observe(&mut state.watermark, source, &new)?;
+        let w_after = state.watermark.advance();
+        state.positions.insert(source.clone(), input.upto_batch);
+        if let Some(c) = cutoff {
+            // Every read of this job starts at or after the batch's cut-off.
+            state.push_cutoff(source, input, c, c);
+        }
+        let upto = input.upto_batch;
+        let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
+        let cutoff_after = w_after.map(|w| w - lookback);
+        let lo = cutoff.unwrap_or(Micros::MIN / 2);
+
+        // 2. Touched skus, and the events the cut-off passes in this batch.
+        let new_events = so::events_by_sku(&applied)?;
+        let passed = match cutoff_after {
+            Some(ca) if ca > lo => {
+                let filter = read::applied_in_ranges(&[(lo, ca)], upto, &cutoffs);
+                so::events_by_sku(&read_bronze(filter, event_cols.clone()).await?)?
+            }
+            _ => BTreeMap::new(),
+        };
+        let skus: BTreeSet<&String> = new_events.keys().chain(passed.keys()).collect();
+        let mut states = self
+            .sku_states(availability_table, skus.iter().copied())
+            .await?;
+
+        // 3. Each touched sku continues from its state or replays from its base.
+        let replay: Vec<&String> = new_events
+            .iter()
+            .filter(|(sku, ev)| {
+                let st = states.get(*sku).cloned().unwrap_or_default();
+                ev.first()
+                    .is_some_and(|e| Start::choose(&st, &e.key) == Start::Replay)
+            })
+            .map(|(sku, _)| sku)
+            .collect();
+        let replayed = if replay.is_empty() {
+            BTreeMap::new()
+        } else {
+            let hi = new_events
+                .values()
+                .filter_map(|v| v.last().map(|e| e.key.ts))
+                .chain(
+                    states
+                        .values()
+                        .filter_map(|s| s.current.after.as_ref().map(|k| k.ts)),
+                )
+                .max()
+                .unwrap_or(lo)
+                + 1;
+            let filter = read::applied_in_ranges(&[(lo, hi.max(lo + 1))], upto, &cutoffs);
+            match &ctx {
+                Some(ctx) => {
+                    let keys = keys_batch(replay.iter().copied())?;
+                    let b =
+                        read::read_keys(ctx, "bronze", filter, "sku", &keys, &event_cols).await?;
+                    so::events_by_sku(&b)?
+                }
+                None => BTreeMap::new(),
+            }
+        };
+        let mut computed: BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)> = BTreeMap::new();
+        let mut next: BTreeMap<String, SkuState> = BTreeMap::new();
+        for (sku, events) in &new_events {
+            let st = states.remove(sku).unwrap_or_default();
+            let (from, evs): (&so::Point, Vec<Event>) = if replay.contains(&sku) {
+                let after = st.base.after.clone();
+                let evs = replayed
+                    .get(sku)
+                    .map(|v| {
+                        v.iter()
+                            .filter(|e| after.as_ref().is_none_or(|a| e.key > *a))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (&st.base, evs)
+            } else {
+                (&st.current, events.clone())
+            };
+            let (point, stockouts) = so::apply(from, &evs);
+            computed.insert(sku, (from.after.as_ref().map(|k| k.ts), stockouts));
+            next.insert(
+                sku.clone(),
+                SkuState {
+                    current: point,
+                    base: st.base,
+                },
+            );
+        }
+        // 4. Move every base the cut-off passed.
+        if let Some(ca) = cutoff_after {
+            for (sku, events) in &passed {
+                let st = match next.get_mut(sku) {
+                    Some(s) => s,
+                    None => next
+                        .entry(sku.clone())
+                        .or_insert(states.remove(sku).unwrap_or_default()),
+                };
+                let after = st.base.after.clone();
+                let evs: Vec<Event> = events
+                    .iter()
+                    .filter(|e| after.as_ref().is_none_or(|a| e.key > *a))
+                    .cloned()
+                    .collect();
+                st.base = so::advance_base(&st.base, &evs, ca);
+            }
+        }
+
+        // 5. Alerts against the rows the touched skus have.
+        let existing = self
+            .existing_alerts(spec, new_events.keys(), lo, w_after, &computed)
+            .await?;
+        let mut changes = AlertChanges::default();
+        for (sku, (span, stockouts)) in &computed {
+            let ex = existing.get(*sku).map(Vec::as_slice).unwrap_or(&[]);
+            let c = so::reconcile_alerts(sku, *span, stockouts, ex, now);
+            changes.upserts.extend(c.upserts);
+            changes.deletes.extend(c.deletes);
+        }
+        let closed = |m: Micros| w_before.is_some_and(|w| m + MINUTE <= w);
+        let corrections = changes
+            .upserts
+            .iter()
+            .chain(&changes.deletes)
+            .filter(|a| closed(a.minute))
+            .count();
+        tracing::info!(
+            job = %spec.name,
+            skus = new_events.len(),
+            replayed = replay.len(),
+            bases_moved = passed.len(),
+            upserts = changes.upserts.len(),
+            deletes = changes.deletes.len(),
+            "stock-outs evaluated"
+        );
+        let counts = JobCounts {
+            rows_in: new.num_rows() as i64,
+            applied: applied.num_rows() as i64,
+            too_late: too_late.num_rows() as i64,
+            windows_recomputed: changes.upserts.len() as i64,
+            deleted: changes.deletes.len() as i64,
+            corrections: corrections as i64,
+            watermark_before: w_before,
+            watermark_after: w_after,
+        };
+        let alerts = so::alert_rows(&changes, plan.batch_id, now)?;
+        let availability = so::availability_rows(&next, plan.batch_id, now)?;
+        let non_empty = |b: RecordBatch| {
+            if b.num_rows() > 0 {
+                vec![b]
+            } else {
+                Vec::new()
+            }
+        };
+        let gold = vec![
+            self.gold_output(
+                spec,
+                so::alerts_schema(),
+                non_empty(alerts),
+                so::ALERT_DATE,
+                Vec::new(),
+            ),
+            GoldRows {
+                table: availability_table.to_string(),
+                app: format!("{}-availability", app_id(&spec.name)),
+                keys: vec![("sku".to_string(), false)],
+                schema: so::availability_schema(),
+                rows: non_empty(availability),
+                partition: so::BUCKET,
+                extra_partitions: Vec::new(),
+            },
+        ];
+        Ok(Computed {
+            result: JobResult {
+                job: spec.name.clone(),
+                batch_id: plan.batch_id,
+                state,
+                counts,
+            },
+            late: late_rows,
+            gold,
+        })
+    }
+
+    /// The state of `skus` from the availability table (absent skus have none yet).
+    async fn sku_states<'a>(
+        &self,
+        table: &str,
+        skus: impl Iterator<Item = &'a String> + Clone,
+    ) -> Result<BTreeMap<String, SkuState>> {
+        let Some(t) = self.wh.open(table).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let mut buckets: Vec<i32> = skus.clone().map(|s| so::bucket_of(s)).collect();
+        if buckets.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        buckets.sort_unstable();
+        buckets.dedup();
+        let ctx = delta::session_with(&t, "state").await?;
+        let filter = col(so::BUCKET).in_list(
+            buckets
+                .iter()
+                .map(|b| datafusion::prelude::lit(ScalarValue::Int32(Some(*b))))
+                .collect(),
+            false,
+        );
+        let b = read::read_keys(
+            &ctx,
+            "state",
+            filter,
+            "sku",
+            &keys_batch(skus)?,
+            &so::availability_schema(),
+        )
+        .await?;
+        so::states_from(&b)
+    }
+
+    /// Alert rows of the touched skus from the date of `lo` (the cut-off: every alert a
+    /// batch can change or meet lies at or after it) to the newest computed stock-out.
+    async fn existing_alerts<'a>(
+        &self,
+        spec: &JobSpec,
+        skus: impl Iterator<Item = &'a String>,
+        lo: Micros,
+        w_after: Option<Micros>,
+        computed: &BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)>,
+    ) -> Result<BTreeMap<String, Vec<so::Alert>>> {
+        let Some(t) = self.wh.open(&spec.table).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let hi = computed
+            .values()
+            .filter_map(|(_, s)| s.last().map(|s| s.ts))
+            .chain(w_after)
+            .max()
+            .unwrap_or(lo)
+            .max(lo)
+            + 1;
+        let lo_minute = lo.div_euclid(MINUTE) * MINUTE;
+        let mut filter = col("minute").gt_eq(read::ts_lit(lo_minute));
+        if hi - lo_minute < 1100 * agg::DAY {
+            filter = read::dates_in(so::ALERT_DATE, &agg::dates_of(&[(lo_minute, hi)])).and(filter);
+        }
+        let ctx = delta::session_with(&t, "alerts").await?;
+        let b = read::read_keys(
+            &ctx,
+            "alerts",
+            filter,
+            "sku",
+            &keys_batch(skus)?,
+            &so::alerts_schema(),
+        )
+        .await?;
+        so::alerts_from(&b)
+    }
+}

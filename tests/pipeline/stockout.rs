@@ -1,0 +1,341 @@
+//! The `stockout` micro-batch job driven by event time: the five cases (in order, out
+//! of order, late within the lookback cancelling an alert, late beyond it, kill -9 and
+//! restart) and a many-batch run with late events everywhere, each compared with an
+//! oracle — plain Rust in this file that applies the events the job should have applied
+//! in (event_ts, event_id) order.
+
+use std::collections::BTreeMap;
+
+use crate::common::*;
+
+const DAY: i64 = 86_400;
+
+#[derive(Clone, Debug)]
+struct Ev {
+    id: String,
+    ts: i64,
+    sku: String,
+    kind: &'static str,
+    qty: i64,
+}
+
+fn ev(id: &str, ts: i64, sku: &str, kind: &'static str, qty: i64) -> Ev {
+    Ev {
+        id: id.into(),
+        ts,
+        sku: sku.into(),
+        kind,
+        qty,
+    }
+}
+
+fn line(e: &Ev) -> String {
+    format!(
+        r#"{{"event_id":"{}","event_ts":"{}","sku":"{}","warehouse_id":"WH-1","kind":"{}","quantity":{}}}"#,
+        e.id,
+        ts(e.ts),
+        e.sku,
+        e.kind,
+        e.qty
+    )
+}
+
+fn land(env: &Env, k: usize, landed: i64, evs: &[Ev]) {
+    let ls: Vec<String> = evs.iter().map(line).collect();
+    env.land(&format!("inventory/f{k:04}.ndjson"), &lines(&ls), landed);
+}
+
+fn run(env: &Env) -> String {
+    env.run_ok(&["run", "--job", "stockout"], 0)
+}
+
+/// Expected (alerts, availability) rows, formatted as the queries below print them.
+fn oracle(evs: &[Ev]) -> (Vec<String>, Vec<String>) {
+    let mut by_sku: BTreeMap<&str, Vec<&Ev>> = BTreeMap::new();
+    for e in evs {
+        by_sku.entry(&e.sku).or_default().push(e);
+    }
+    let (mut alerts, mut avail) = (Vec::new(), Vec::new());
+    for (sku, mut v) in by_sku {
+        v.sort_by(|a, b| (a.ts, &a.id).cmp(&(b.ts, &b.id)));
+        let mut on_hand = 0i64;
+        let mut minutes: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        for e in &v {
+            let next = if e.kind == "count" {
+                e.qty
+            } else {
+                on_hand + e.qty
+            };
+            if on_hand > 0 && next <= 0 {
+                minutes.entry(e.ts / 60 * 60).or_insert((e.ts, next));
+            }
+            on_hand = next;
+        }
+        for (m, (first, oh)) in minutes {
+            alerts.push(format!("{sku} {m} {first} {oh}"));
+        }
+        let last = v.last().map(|e| e.ts).unwrap_or_default();
+        avail.push(format!("{sku} {on_hand} {} {last}", on_hand > 0));
+    }
+    (alerts, avail)
+}
+
+fn gold(env: &Env) -> (Vec<String>, Vec<String>) {
+    let j = |rows: Vec<Vec<String>>| rows.into_iter().map(|r| r.join(" ")).collect();
+    let alerts = if env.version("gold/stockout_alerts").is_some() {
+        j(env.query(
+            "gold/stockout_alerts",
+            "SELECT sku, CAST(to_unixtime(minute) AS BIGINT), CAST(to_unixtime(first_stockout_ts) AS BIGINT), on_hand FROM t ORDER BY 1, 2",
+        ))
+    } else {
+        Vec::new()
+    };
+    let avail = j(env.query(
+        "gold/sku_availability",
+        "SELECT sku, on_hand, available, CAST(to_unixtime(as_of) AS BIGINT) FROM t ORDER BY 1",
+    ));
+    (alerts, avail)
+}
+
+fn counts(env: &Env, batch: i64) -> Vec<String> {
+    env.query(
+        "_kestrel/runs",
+        &format!("SELECT rows_applied, too_late, windows_recomputed, windows_deleted, corrections FROM t WHERE kind = 'job' AND name = 'stockout' AND batch_id = {batch}"),
+    )
+    .remove(0)
+}
+
+/// The scenario: one drop per run, with its arrival time.
+fn drops() -> Vec<(i64, Vec<Ev>)> {
+    vec![
+        // In order. X: count 5, −3, −2 → stock-out at T0+100 (on_hand 0). Y: +2, −2 →
+        // stock-out at T0+40; −1 more is no new stock-out. Z: count 3. W = T0 + 70.
+        (
+            T0 + 200,
+            vec![
+                ev("x1", T0 + 10, "X", "count", 5),
+                ev("x2", T0 + 20, "X", "sale", -3),
+                ev("x3", T0 + 100, "X", "sale", -2),
+                ev("y1", T0 + 30, "Y", "receipt", 2),
+                ev("y2", T0 + 40, "Y", "sale", -2),
+                ev("y3", T0 + 45, "Y", "sale", -1),
+                ev("z1", T0 + 50, "Z", "count", 3),
+            ],
+        ),
+        // Out of order within the file; Z sells out at T0+290. W = T0 + 270.
+        (
+            T0 + 400,
+            vec![
+                ev("z2", T0 + 290, "Z", "sale", -3),
+                ev("x4", T0 + 300, "X", "receipt", 4),
+                ev("y4", T0 + 250, "Y", "receipt", 5),
+            ],
+        ),
+        // Late within the lookback: a receipt at T0+90 lands before X's sale at T0+100,
+        // so X never reaches 0 — the (closed) T0+60 minute's alert is deleted.
+        (T0 + 600, vec![ev("x5", T0 + 90, "X", "receipt", 1)]),
+        // Four days on: W = T0 + 4d − 30; the cut-off passes every event above, so
+        // every sku's base moves.
+        (
+            T0 + 4 * DAY + 60,
+            vec![
+                ev("x6", T0 + 4 * DAY, "X", "sale", -1),
+                ev("y5", T0 + 4 * DAY, "Y", "sale", -4),
+            ],
+        ),
+        // y6 is beyond the lookback (cut-off T0 + 1d − 30): late ledger only. x7 is late
+        // but within it, before X's last event: X replays from its base.
+        (
+            T0 + 4 * DAY + 120,
+            vec![
+                ev("y6", T0 + 35, "Y", "sale", -9),
+                ev("x7", T0 + 2 * DAY, "X", "receipt", 10),
+                ev("x8", T0 + 2 * DAY + 10, "X", "sale", -15),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn stockout_follows_event_time_and_late_events_correct_alerts() {
+    let env = Env::new();
+    let mut applied: Vec<Ev> = Vec::new();
+    for (k, (landed, evs)) in drops().into_iter().enumerate() {
+        land(&env, k + 1, landed, &evs);
+        run(&env);
+        applied.extend(evs.into_iter().filter(|e| e.id != "y6"));
+        assert_eq!(gold(&env), oracle(&applied), "after drop {}", k + 1);
+        if k == 0 {
+            let (alerts, _) = gold(&env);
+            assert_eq!(
+                alerts,
+                vec![
+                    format!("X {} {} 0", T0 + 60, T0 + 100),
+                    format!("Y {} {} 0", T0, T0 + 40)
+                ]
+            );
+        }
+    }
+    // Drop 3 cancelled X's alert in a minute that was already closed: one deletion, one
+    // correction.
+    assert_eq!(counts(&env, 3), vec!["1", "0", "0", "1", "1"]);
+    // Drop 5: y6 was too late (late ledger + counter); x8 sells X out again at T0+2d+10.
+    assert_eq!(counts(&env, 5)[..2], ["2".to_string(), "1".to_string()]);
+    let late = env.query("late/stockout", "SELECT event_id, sku, _reason FROM t");
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0][..2], ["y6".to_string(), "Y".to_string()]);
+    assert!(late[0][2].contains("lookback"), "{late:?}");
+    // detected_at is the processing time of the first emission, kept by later MERGEs:
+    // Y's alert was written in run 1 and rewritten by none since.
+    let d = env.query(
+        "gold/stockout_alerts",
+        "SELECT _batch_id FROM t WHERE sku = 'Y' ORDER BY minute",
+    );
+    assert_eq!(d[0], vec!["1".to_string()]);
+    // A further run commits nothing.
+    let v = (
+        env.version("gold/stockout_alerts"),
+        env.version("gold/sku_availability"),
+    );
+    run(&env);
+    assert_eq!(
+        (
+            env.version("gold/stockout_alerts"),
+            env.version("gold/sku_availability")
+        ),
+        v
+    );
+}
+
+/// Restart mid-window: kill -9 at each step of the job protocol (between the two gold
+/// MERGEs among them), then
+/// rerun: both gold tables, the late ledger and the run log equal a clean run's.
+#[test]
+fn kill_9_at_every_step_then_rerun_gives_identical_stockout_tables() {
+    const POINTS: [&str; 6] = [
+        "job_after_plan",
+        "job_after_compute",
+        "job_after_late",
+        "job_between_merges",
+        "job_after_gold",
+        "job_after_runlog",
+    ];
+    let clean = Env::new();
+    let env = Env::new();
+    for (k, (landed, evs)) in drops().into_iter().enumerate() {
+        land(&clean, k + 1, landed, &evs);
+        run(&clean);
+        land(&env, k + 1, landed, &evs);
+        let point = POINTS[k % POINTS.len()];
+        let out = env.kestrel_env(&["run", "--job", "stockout"], &[("KESTREL_FAULT", point)]);
+        assert_eq!(
+            out.status.code(),
+            None,
+            "at {point}: killed by a signal; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        run(&env);
+    }
+    let skip = ["_updated_at", "_recorded_at", "_ingested_at", "detected_at"];
+    for t in [
+        "gold/stockout_alerts",
+        "gold/sku_availability",
+        "late/stockout",
+    ] {
+        let got = env.snapshot(t, &skip);
+        assert!(!got.is_empty(), "{t}");
+        assert_eq!(got, clean.snapshot(t, &skip), "{t}");
+    }
+    let runs = "SELECT batch_id, rows_in, rows_applied, too_late, windows_recomputed, windows_deleted, corrections, to_unixtime(watermark) FROM t WHERE kind = 'job' ORDER BY batch_id";
+    assert_eq!(
+        env.query("_kestrel/runs", runs),
+        clean.query("_kestrel/runs", runs)
+    );
+}
+
+/// Many batches, every sku with events arriving up to 30 minutes late (replays), then a
+/// jump of three days (every base moves) and more late events (replays from the base):
+/// the tables equal the oracle over every event not in the late ledger.
+#[test]
+fn many_batches_with_late_events_equal_the_oracle() {
+    let env = Env::new();
+    // A small deterministic generator (no extra dependency).
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let skus: Vec<String> = (0..12).map(|i| format!("S{i:02}")).collect();
+    let mut all: Vec<(i64, Ev)> = Vec::new(); // (landed, event)
+    let mut id = 0;
+    let mut add = |ts: i64, landed: i64, sku: &str, kind: &'static str, qty: i64| {
+        id += 1;
+        all.push((landed, ev(&format!("e{id:05}"), ts, sku, kind, qty)));
+    };
+    for s in &skus {
+        add(T0, T0 + 60, s, "count", 3);
+    }
+    for _ in 0..400 {
+        let ts = T0 + 60 + rnd(7200) as i64;
+        let delay = if rnd(4) == 0 { rnd(1800) } else { rnd(90) } as i64;
+        let sku = &skus[rnd(skus.len() as u64) as usize];
+        let (kind, qty) = match rnd(10) {
+            0..=5 => ("sale", -(1 + rnd(2) as i64)),
+            6..=8 => ("receipt", 1 + rnd(3) as i64),
+            _ => ("count", rnd(3) as i64),
+        };
+        add(ts, ts + 30 + delay, sku, kind, qty);
+    }
+    // Three days later, one event per sku moves the cut-off past all of the above…
+    for s in &skus {
+        add(T0 + 3 * DAY + 7300, T0 + 3 * DAY + 7400, s, "sale", -1);
+    }
+    // …then late events, inside the lookback but before each sku's last event.
+    for (i, s) in skus.iter().enumerate() {
+        let ts = T0 + DAY + 600 * i as i64;
+        add(
+            ts,
+            T0 + 3 * DAY + 8000,
+            s,
+            if i % 2 == 0 { "receipt" } else { "sale" },
+            if i % 2 == 0 { 2 } else { -3 },
+        );
+    }
+    // …and a few beyond it.
+    for s in skus.iter().take(3) {
+        add(T0 + 100, T0 + 3 * DAY + 8000, s, "receipt", 50);
+    }
+    // Land in 10-minute arrival buckets, one run each.
+    let mut buckets: BTreeMap<i64, Vec<Ev>> = BTreeMap::new();
+    for (landed, e) in &all {
+        buckets.entry(landed / 600).or_default().push(e.clone());
+    }
+    for (k, (b, evs)) in buckets.iter().enumerate() {
+        land(&env, k + 1, b * 600 + 599, evs);
+        run(&env);
+    }
+    let late: Vec<String> = env
+        .query("late/stockout", "SELECT event_id FROM t ORDER BY 1")
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert_eq!(late.len(), 3, "{late:?}");
+    let applied: Vec<Ev> = all
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| !late.contains(&e.id))
+        .collect();
+    let (alerts, avail) = oracle(&applied);
+    assert!(
+        alerts.len() > 20,
+        "the scenario sells out often: {alerts:?}"
+    );
+    assert_eq!(gold(&env), (alerts, avail));
+    let replays = env.count(
+        "_kestrel/runs",
+        "SELECT count(*) FROM t WHERE kind = 'job' AND corrections > 0",
+    );
+    assert!(replays > 0, "late events corrected closed minutes");
+}
