@@ -538,9 +538,9 @@ fn demo_then_run_and_independent_readers_agree() {
     }
     let dups = env.count("_kestrel/runs", "SELECT sum(duplicates) FROM t");
     assert!(dups > 0, "the demo re-delivers some events");
-    // Gold tables of the windowed and payment jobs: kestrel's own row count and sums.
+    // Gold tables of every shipped job: kestrel's own row count and sums.
     let mut gold_sums: Vec<(String, &str, i64)> = Vec::new();
-    for (job, cols) in [
+    for (name, cols) in [
         ("clickstream_5m", &["events", "visitors"][..]),
         ("revenue_5m", &["orders", "units", "revenue_cents"][..]),
         ("revenue_1h", &["orders", "units", "revenue_cents"][..]),
@@ -550,8 +550,10 @@ fn demo_then_run_and_independent_readers_agree() {
             &["amount_cents", "captured_cents"][..],
         ),
         ("payments_fast", &[][..]),
+        ("stockout_alerts", &[][..]),
+        ("sku_availability", &[][..]),
     ] {
-        let t = format!("gold/{job}");
+        let t = format!("gold/{name}");
         let n = env.count(&t, "SELECT count(*) FROM t");
         assert!(n > 10, "{t}: {n}");
         expected.push((t.clone(), n));
