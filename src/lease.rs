@@ -90,6 +90,21 @@ impl Lease {
         )))
     }
 
+    /// The owner of lease `name` if another live process holds it (unexpired, and not a
+    /// dead process on this host); None when it is free or ours.
+    pub async fn live_holder(wh: &Warehouse, name: &str) -> Result<Option<String>> {
+        let key = format!("_kestrel/leases/{name}.json");
+        let Some(raw) = wh.loc.get_opt(&key).await? else {
+            return Ok(None);
+        };
+        let Ok(c) = serde_json::from_slice::<LeaseBody>(&raw) else {
+            return Ok(None);
+        };
+        let dead = c.host == hostname() && !pid_alive(c.pid);
+        let ours = c.host == hostname() && c.pid == std::process::id();
+        Ok((c.expires_at >= Utc::now() && !dead && !ours).then_some(c.owner))
+    }
+
     /// Extend the lease by `ttl` from now (between batches of a long run). Fails if the
     /// lease is no longer ours: it expired and another process took it.
     pub async fn renew(&mut self, ttl: std::time::Duration) -> Result<()> {

@@ -45,6 +45,23 @@ enum Cmd {
         #[arg(long)]
         full_scan: bool,
     },
+    /// Run a job always-on: poll the landing zone and push what lands through ingestion
+    /// and the job at once (the job and its sources are left to the stream by `run`).
+    /// Stops cleanly on SIGTERM or Ctrl-C.
+    Stream {
+        /// The job (today: stockout).
+        #[arg(long)]
+        job: String,
+        /// Time between polls, e.g. 1s, 500ms.
+        #[arg(long, default_value = "1s")]
+        interval: String,
+        /// Stop after N polls.
+        #[arg(long)]
+        max_polls: Option<u64>,
+        /// Stop after N consecutive polls that found nothing new.
+        #[arg(long)]
+        idle_polls: Option<u64>,
+    },
     /// Generate realistic events for all four sources into the (local) landing zone.
     Demo {
         /// Hours of event time, ending now.
@@ -112,6 +129,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             full_scan,
         } => run(cfg, sources, jobs, full_scan).await,
         Cmd::Demo { hours, scale, seed } => demo(cfg, hours, scale, seed),
+        Cmd::Stream {
+            job,
+            interval,
+            max_polls,
+            idle_polls,
+        } => stream(cfg, job, interval, max_polls, idle_polls).await,
     }
 }
 
@@ -146,9 +169,26 @@ async fn run(
         }
         only
     };
+    // Jobs run always-on by `kestrel stream` own their sources while the stream runs.
+    let mut streamed: Vec<(String, String)> = Vec::new(); // (job, owner)
+    for name in all_jobs.keys() {
+        let lease = kestrel::runner::stream::lease_name(name);
+        if let Some(owner) = kestrel::lease::Lease::live_holder(ing.warehouse(), &lease).await? {
+            streamed.push((name.clone(), owner));
+        }
+    }
+    let owned_by_stream = |source: &str| {
+        streamed
+            .iter()
+            .find(|(j, _)| all_jobs[j].sources.iter().any(|s| s == source))
+    };
     let mut reports: Vec<SourceReport> = Vec::new();
     let mut failures: Vec<String> = Vec::new();
     for s in &sources {
+        if let Some((job, owner)) = owned_by_stream(s) {
+            println!("{s}: left to the running stream of {job} ({owner})");
+            continue;
+        }
         match ing.ingest_source(s).await {
             Ok(r) => reports.push(r),
             Err(e) => failures.push(format!("{s}: {e}")),
@@ -162,6 +202,14 @@ async fn run(
     let mut job_reports: Vec<JobReport> = Vec::new();
     for (name, spec) in &all_jobs {
         if !only_jobs.is_empty() && !only_jobs.contains(name) {
+            continue;
+        }
+        if let Some((_, owner)) = streamed.iter().find(|(j, _)| j == name) {
+            job_reports.push(JobReport {
+                job: name.clone(),
+                skipped: Some(format!("running always-on in a stream ({owner})")),
+                ..Default::default()
+            });
             continue;
         }
         match runner.run_job(spec).await {
@@ -243,6 +291,83 @@ fn print_job_summary(reports: &[JobReport]) {
             w
         );
     }
+}
+
+async fn stream(
+    cfg: Config,
+    job: String,
+    interval: String,
+    max_polls: Option<u64>,
+    idle_polls: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    use kestrel::runner::stream::{self, StopFlag, StreamOptions};
+    let interval = kestrel::config::parse_duration(&interval)
+        .map_err(|e| anyhow::anyhow!("--interval: expected a duration such as 1s ({e})"))?;
+    anyhow::ensure!(!interval.is_zero(), "--interval must be positive");
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    let jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+    let spec = jobs.get(&job).cloned().ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown job `{job}` (known: {})",
+            jobs.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    })?;
+    anyhow::ensure!(
+        matches!(spec.kind, kestrel::job::spec::JobKind::Stockout { .. }),
+        "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
+    );
+    let lease_ttl = cfg.ingest.lease_ttl;
+    let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
+    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
+    let stop = StopFlag::default();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(_) => return,
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            eprintln!("kestrel: stopping after the current poll");
+            stop.stop();
+        });
+    }
+    let opts = StreamOptions {
+        interval,
+        max_polls,
+        idle_polls,
+        lease_ttl,
+        ..Default::default()
+    };
+    println!("streaming {job} every {interval:?}; SIGTERM or Ctrl-C stops it cleanly");
+    let summary = stream::run(&ing, &runner, &spec, &opts, &stop, |r| {
+        let ts = chrono::Utc::now().format("%H:%M:%S");
+        if r.files > 0 || r.job_batches > 0 {
+            let w = r
+                .watermark
+                .and_then(chrono::DateTime::from_timestamp_micros)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_else(|| "-".into());
+            let lag = r.lag_s.map_or("-".into(), |l| format!("{l:.1}s"));
+            println!(
+                "{ts} poll {}: {} files, {} events, {} batches, alerts +{} -{}, watermark {w}, lag {lag}, {} ms",
+                r.poll, r.files, r.events, r.job_batches, r.alerts_written, r.alerts_deleted, r.duration_ms
+            );
+        }
+        if let Some(w) = &r.warning {
+            eprintln!("{ts} warning: {w}");
+        }
+    })
+    .await?;
+    println!(
+        "stopped after {} polls: {} files, {} events, {} job batches",
+        summary.polls, summary.files, summary.events, summary.job_batches
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn demo(cfg: Config, hours: f64, scale: f64, seed: u64) -> anyhow::Result<ExitCode> {

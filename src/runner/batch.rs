@@ -72,6 +72,8 @@ pub struct JobReport {
     pub skipped: Option<String>,
     /// The job's watermark after this run (also when no batch ran).
     pub watermark: Option<Micros>,
+    /// Arrival time of the newest landed file the job has consumed.
+    pub newest_landed: Option<Micros>,
 }
 
 impl JobReport {
@@ -197,6 +199,12 @@ impl JobRunner {
             done = n;
         }
         report.watermark = state.watermark.current;
+        report.newest_landed = state
+            .watermark
+            .sources
+            .values()
+            .filter_map(|s| s.newest_landed())
+            .max();
         Ok(())
     }
 

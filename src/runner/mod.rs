@@ -6,3 +6,4 @@ pub mod ingest;
 mod payments;
 pub mod read;
 mod stockout;
+pub mod stream;

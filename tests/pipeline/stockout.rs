@@ -45,8 +45,37 @@ fn land(env: &Env, k: usize, landed: i64, evs: &[Ev]) {
     env.land(&format!("inventory/f{k:04}.ndjson"), &lines(&ls), landed);
 }
 
+/// How a test drives the job: `kestrel run` (micro-batch) or one poll of `kestrel
+/// stream` (always-on, fed file by file).
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Batch,
+    Stream,
+}
+
+impl Mode {
+    fn args(self) -> Vec<&'static str> {
+        match self {
+            Mode::Batch => vec!["run", "--job", "stockout"],
+            Mode::Stream => vec![
+                "stream",
+                "--job",
+                "stockout",
+                "--max-polls",
+                "1",
+                "--interval",
+                "1ms",
+            ],
+        }
+    }
+}
+
+fn step(env: &Env, mode: Mode) -> String {
+    env.run_ok(&mode.args(), 0)
+}
+
 fn run(env: &Env) -> String {
-    env.run_ok(&["run", "--job", "stockout"], 0)
+    step(env, Mode::Batch)
 }
 
 /// Expected (alerts, availability) rows, formatted as the queries below print them.
@@ -158,11 +187,20 @@ fn drops() -> Vec<(i64, Vec<Ev>)> {
 
 #[test]
 fn stockout_follows_event_time_and_late_events_correct_alerts() {
+    five_cases(Mode::Batch);
+}
+
+#[test]
+fn the_stream_follows_event_time_and_late_events_correct_alerts() {
+    five_cases(Mode::Stream);
+}
+
+fn five_cases(mode: Mode) {
     let env = Env::new();
     let mut applied: Vec<Ev> = Vec::new();
     for (k, (landed, evs)) in drops().into_iter().enumerate() {
         land(&env, k + 1, landed, &evs);
-        run(&env);
+        step(&env, mode);
         applied.extend(evs.into_iter().filter(|e| e.id != "y6"));
         assert_eq!(gold(&env), oracle(&applied), "after drop {}", k + 1);
         if k == 0 {
@@ -197,7 +235,7 @@ fn stockout_follows_event_time_and_late_events_correct_alerts() {
         env.version("gold/stockout_alerts"),
         env.version("gold/sku_availability"),
     );
-    run(&env);
+    step(&env, mode);
     assert_eq!(
         (
             env.version("gold/stockout_alerts"),
@@ -212,6 +250,15 @@ fn stockout_follows_event_time_and_late_events_correct_alerts() {
 /// rerun: both gold tables, the late ledger and the run log equal a clean run's.
 #[test]
 fn kill_9_at_every_step_then_rerun_gives_identical_stockout_tables() {
+    kill_9_then_restart(Mode::Batch);
+}
+
+#[test]
+fn kill_9_of_the_stream_then_restart_gives_identical_stockout_tables() {
+    kill_9_then_restart(Mode::Stream);
+}
+
+fn kill_9_then_restart(mode: Mode) {
     const POINTS: [&str; 6] = [
         "job_after_plan",
         "job_after_compute",
@@ -227,14 +274,14 @@ fn kill_9_at_every_step_then_rerun_gives_identical_stockout_tables() {
         run(&clean);
         land(&env, k + 1, landed, &evs);
         let point = POINTS[k % POINTS.len()];
-        let out = env.kestrel_env(&["run", "--job", "stockout"], &[("KESTREL_FAULT", point)]);
+        let out = env.kestrel_env(&mode.args(), &[("KESTREL_FAULT", point)]);
         assert_eq!(
             out.status.code(),
             None,
             "at {point}: killed by a signal; stderr: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        run(&env);
+        step(&env, mode);
     }
     let skip = ["_updated_at", "_recorded_at", "_ingested_at", "detected_at"];
     for t in [
@@ -259,6 +306,72 @@ fn kill_9_at_every_step_then_rerun_gives_identical_stockout_tables() {
 #[test]
 fn many_batches_with_late_events_equal_the_oracle() {
     let env = Env::new();
+    let all = scenario(true);
+    // Land in 10-minute arrival buckets, one run each.
+    for (k, (landed, evs)) in buckets(&all).iter().enumerate() {
+        land(&env, k + 1, *landed, evs);
+        run(&env);
+    }
+    let late: Vec<String> = env
+        .query("late/stockout", "SELECT event_id FROM t ORDER BY 1")
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert_eq!(late.len(), 3, "{late:?}");
+    let applied: Vec<Ev> = all
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| !late.contains(&e.id))
+        .collect();
+    let (alerts, avail) = oracle(&applied);
+    assert!(
+        alerts.len() > 20,
+        "the scenario sells out often: {alerts:?}"
+    );
+    assert_eq!(gold(&env), (alerts, avail));
+    let replays = env.count(
+        "_kestrel/runs",
+        "SELECT count(*) FROM t WHERE kind = 'job' AND corrections > 0",
+    );
+    assert!(replays > 0, "late events corrected closed minutes");
+}
+
+/// Equivalence: the stream fed file by file (one poll per landed file) and the
+/// micro-batch job over the whole landing zone at once give identical tables, hidden
+/// state columns included (ignoring processing-time and batch columns).
+#[test]
+fn the_stream_file_by_file_equals_the_micro_batch_job() {
+    let all = scenario(false);
+    let stream = Env::new();
+    let batch = Env::new();
+    let bs = buckets(&all);
+    for (k, (landed, evs)) in bs.iter().enumerate() {
+        land(&stream, k + 1, *landed, evs);
+        step(&stream, Mode::Stream);
+        land(&batch, k + 1, *landed, evs);
+    }
+    run(&batch);
+    assert!(
+        stream.count("_kestrel/runs", "SELECT count(*) FROM t WHERE kind = 'job'") > 10,
+        "the stream ran one job batch per file"
+    );
+    assert_eq!(
+        batch.count("_kestrel/runs", "SELECT count(*) FROM t WHERE kind = 'job'"),
+        1
+    );
+    let skip = ["detected_at", "_updated_at", "_batch_id"];
+    for t in ["gold/stockout_alerts", "gold/sku_availability"] {
+        let got = stream.snapshot(t, &skip);
+        assert!(!got.is_empty(), "{t}");
+        assert_eq!(got, batch.snapshot(t, &skip), "{t}");
+    }
+}
+
+/// Events for 12 skus over two hours, a quarter of them up to 30 minutes late; three
+/// days on, one event per sku moves the cut-off past all of them, then late events
+/// inside the lookback (replays from the base) and, with `too_late`, three beyond it.
+/// Returns (arrival time, event).
+fn scenario(too_late: bool) -> Vec<(i64, Ev)> {
     // A small deterministic generator (no extra dependency).
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut rnd = |n: u64| {
@@ -304,38 +417,96 @@ fn many_batches_with_late_events_equal_the_oracle() {
         );
     }
     // …and a few beyond it.
-    for s in skus.iter().take(3) {
-        add(T0 + 100, T0 + 3 * DAY + 8000, s, "receipt", 50);
+    if too_late {
+        for s in skus.iter().take(3) {
+            add(T0 + 100, T0 + 3 * DAY + 8000, s, "receipt", 50);
+        }
     }
-    // Land in 10-minute arrival buckets, one run each.
-    let mut buckets: BTreeMap<i64, Vec<Ev>> = BTreeMap::new();
-    for (landed, e) in &all {
-        buckets.entry(landed / 600).or_default().push(e.clone());
+    all
+}
+
+/// Events grouped into 10-minute arrival buckets: (file arrival time, events).
+fn buckets(all: &[(i64, Ev)]) -> Vec<(i64, Vec<Ev>)> {
+    let mut b: BTreeMap<i64, Vec<Ev>> = BTreeMap::new();
+    for (landed, e) in all {
+        b.entry(landed / 600).or_default().push(e.clone());
     }
-    for (k, (b, evs)) in buckets.iter().enumerate() {
-        land(&env, k + 1, b * 600 + 599, evs);
-        run(&env);
-    }
-    let late: Vec<String> = env
-        .query("late/stockout", "SELECT event_id FROM t ORDER BY 1")
-        .into_iter()
-        .map(|r| r[0].clone())
-        .collect();
-    assert_eq!(late.len(), 3, "{late:?}");
-    let applied: Vec<Ev> = all
-        .into_iter()
-        .map(|(_, e)| e)
-        .filter(|e| !late.contains(&e.id))
-        .collect();
-    let (alerts, avail) = oracle(&applied);
+    b.into_iter().map(|(k, v)| (k * 600 + 599, v)).collect()
+}
+
+/// The always-on process: it picks files up as they land, `kestrel run` leaves the
+/// inventory source and the job to it (exit 0), SIGTERM stops it cleanly after the
+/// current poll, and then `run` owns the source again.
+#[test]
+fn a_running_stream_owns_inventory_and_stops_cleanly_on_sigterm() {
+    let env = Env::new();
+    let mut child = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(env.path().join("kestrel.toml"))
+        .args(["stream", "--job", "stockout", "--interval", "100ms"])
+        .env_remove("KESTREL_FAULT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the stream");
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(60),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let d = drops();
+    land(&env, 1, d[0].0, &d[0].1);
+    let alerts = |env: &Env| {
+        if env.version("gold/stockout_alerts").is_none() {
+            return 0;
+        }
+        env.count("gold/stockout_alerts", "SELECT count(*) FROM t")
+    };
+    wait_for("the first file's alerts", &|| alerts(&env) == 2);
+    // Orders land too: `run` ingests them, leaves inventory and stockout to the stream.
+    env.land(
+        "orders/o1.ndjson",
+        &lines(&[order("o1", T0 + 10, "ord-1", "X", 1, 100)]),
+        T0 + 100,
+    );
+    let out = env.run_ok(&["run"], 0);
     assert!(
-        alerts.len() > 20,
-        "the scenario sells out often: {alerts:?}"
+        out.contains("inventory: left to the running stream of stockout"),
+        "{out}"
     );
-    assert_eq!(gold(&env), (alerts, avail));
-    let replays = env.count(
-        "_kestrel/runs",
-        "SELECT count(*) FROM t WHERE kind = 'job' AND corrections > 0",
+    assert!(
+        out.contains("stockout") && out.contains("running always-on"),
+        "{out}"
     );
-    assert!(replays > 0, "late events corrected closed minutes");
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 1);
+    land(&env, 2, d[1].0, &d[1].1);
+    wait_for("the second file's alert", &|| alerts(&env) == 3);
+    // SIGTERM: the stream finishes its poll and exits 0.
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stopped after"), "{stdout}");
+    // The lease is gone: `run` owns inventory again (and finds nothing new there).
+    land(&env, 3, d[2].0, &d[2].1);
+    let out = env.run_ok(&["run", "--job", "stockout"], 0);
+    assert!(!out.contains("left to the running stream"), "{out}");
+    let mut applied: Vec<Ev> = Vec::new();
+    for (_, evs) in &d[..3] {
+        applied.extend(evs.iter().cloned());
+    }
+    assert_eq!(gold(&env), oracle(&applied));
 }
