@@ -440,7 +440,7 @@ fn buckets(all: &[(i64, Ev)]) -> Vec<(i64, Vec<Ev>)> {
 #[test]
 fn a_running_stream_owns_inventory_and_stops_cleanly_on_sigterm() {
     let env = Env::new();
-    let mut child = std::process::Command::new(BIN)
+    let child = std::process::Command::new(BIN)
         .arg("--config")
         .arg(env.path().join("kestrel.toml"))
         .args(["stream", "--job", "stockout", "--interval", "100ms"])
