@@ -510,3 +510,34 @@ fn a_running_stream_owns_inventory_and_stops_cleanly_on_sigterm() {
     }
     assert_eq!(gold(&env), oracle(&applied));
 }
+
+/// An idle partition stops holding the watermark back once its newest file is older
+/// than `idle_timeout` (5 min) in arrival time — in both modes. Partition 1 lands once;
+/// partition 0 keeps landing for 10 minutes.
+#[test]
+fn an_idle_inventory_partition_does_not_stall_the_watermark() {
+    for mode in [Mode::Batch, Mode::Stream] {
+        let env = Env::new();
+        let file = |p: u32, k: usize, landed: i64, evs: &[Ev]| {
+            let ls: Vec<String> = evs.iter().map(line).collect();
+            env.land(
+                &format!("inventory/partition={p}/f{k:04}.ndjson"),
+                &lines(&ls),
+                landed,
+            );
+        };
+        file(1, 0, T0 + 60, &[ev("p1", T0 + 50, "B", "count", 5)]);
+        for k in 0..10 {
+            let t = T0 + 60 * (k as i64 + 1);
+            file(0, k, t + 10, &[ev(&format!("a{k}"), t, "A", "count", 5)]);
+            step(&env, mode);
+        }
+        let w = env.count(
+            "_kestrel/runs",
+            "SELECT CAST(to_unixtime(max(watermark)) AS BIGINT) FROM t WHERE kind = 'job'",
+        );
+        // Partition 0's newest event (T0 + 600) − 30 s: partition 1 (max T0 + 50) was
+        // idle for more than 5 minutes of arrival time.
+        assert_eq!(w, T0 + 570, "{mode:?}");
+    }
+}
