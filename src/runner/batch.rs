@@ -117,6 +117,9 @@ pub(super) struct GoldRows {
     /// Partition values the MERGE must read besides those the rows go to (where rows
     /// that moved or are deleted may sit now).
     pub(super) extra_partitions: Vec<ScalarValue>,
+    /// Every row is an upsert of a key the table does not hold (the operator read the
+    /// existing rows): append instead of MERGE, which reads no target file.
+    pub(super) append_only: bool,
 }
 
 /// The table and application id whose commit of batch `n` completes a job's gold
@@ -396,6 +399,17 @@ impl JobRunner {
         if delta::txn_version(&table, &out.app).await?.unwrap_or(0) >= n {
             return Ok(None);
         }
+        if out.append_only {
+            let rows = out
+                .rows
+                .iter()
+                .map(|b| read::conform(b, &out.schema))
+                .collect::<Result<Vec<_>>>()?;
+            let written = rows.iter().map(|b| b.num_rows() as i64).sum();
+            delta::append(table, rows, &[out.partition], &out.app, n).await?;
+            info!(job = %spec.name, table = %out.table, batch = n, inserted = written, "gold append");
+            return Ok(Some(written));
+        }
         let mut values = out.extra_partitions;
         for b in &out.rows {
             if let Some(c) = b.column_by_name(out.partition) {
@@ -463,6 +477,7 @@ impl JobRunner {
             rows,
             partition,
             extra_partitions,
+            append_only: false,
         }
     }
 

@@ -237,6 +237,13 @@ impl JobRunner {
             watermark_before: w_before,
             watermark_after: w_after,
         };
+        // New alerts only (the usual case): an append, not a MERGE over the day's files.
+        let append_only = changes.deletes.is_empty()
+            && changes.upserts.iter().all(|a| {
+                existing
+                    .get(&a.sku)
+                    .is_none_or(|ex| ex.iter().all(|e| e.minute != a.minute))
+            });
         let alerts = so::alert_rows(&changes, plan.batch_id, now)?;
         let availability = so::availability_rows(&next, plan.batch_id, now)?;
         let non_empty = |b: RecordBatch| {
@@ -246,14 +253,16 @@ impl JobRunner {
                 Vec::new()
             }
         };
+        let mut alerts_out = self.gold_output(
+            spec,
+            so::alerts_schema(),
+            non_empty(alerts),
+            so::ALERT_DATE,
+            Vec::new(),
+        );
+        alerts_out.append_only = append_only;
         let gold = vec![
-            self.gold_output(
-                spec,
-                so::alerts_schema(),
-                non_empty(alerts),
-                so::ALERT_DATE,
-                Vec::new(),
-            ),
+            alerts_out,
             GoldRows {
                 table: availability_table.to_string(),
                 app: format!("{}-availability", app_id(&spec.name)),
@@ -262,6 +271,7 @@ impl JobRunner {
                 rows: non_empty(availability),
                 partition: so::BUCKET,
                 extra_partitions: Vec::new(),
+                append_only: false,
             },
         ];
         Ok(Computed {
