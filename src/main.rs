@@ -61,6 +61,9 @@ enum Cmd {
         /// Stop after N consecutive polls that found nothing new.
         #[arg(long)]
         idle_polls: Option<u64>,
+        /// Duplicate deliveries are removed within this much arrival time.
+        #[arg(long, default_value = "26h")]
+        dedup_ttl: String,
     },
     /// Generate realistic events for all four sources into the (local) landing zone.
     Demo {
@@ -134,7 +137,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             interval,
             max_polls,
             idle_polls,
-        } => stream(cfg, job, interval, max_polls, idle_polls).await,
+            dedup_ttl,
+        } => stream(cfg, job, interval, max_polls, idle_polls, dedup_ttl).await,
     }
 }
 
@@ -299,8 +303,11 @@ async fn stream(
     interval: String,
     max_polls: Option<u64>,
     idle_polls: Option<u64>,
+    dedup_ttl: String,
 ) -> anyhow::Result<ExitCode> {
     use kestrel::runner::stream::{self, StopFlag, StreamOptions};
+    let dedup_ttl = kestrel::config::parse_duration(&dedup_ttl)
+        .map_err(|e| anyhow::anyhow!("--dedup-ttl: expected a duration such as 26h ({e})"))?;
     let interval = kestrel::config::parse_duration(&interval)
         .map_err(|e| anyhow::anyhow!("--interval: expected a duration such as 1s ({e})"))?;
     anyhow::ensure!(!interval.is_zero(), "--interval must be positive");
@@ -341,6 +348,7 @@ async fn stream(
         max_polls,
         idle_polls,
         lease_ttl,
+        dedup_ttl,
         ..Default::default()
     };
     println!("streaming {job} every {interval:?}; SIGTERM or Ctrl-C stops it cleanly");
@@ -354,8 +362,8 @@ async fn stream(
                 .unwrap_or_else(|| "-".into());
             let lag = r.lag_s.map_or("-".into(), |l| format!("{l:.1}s"));
             println!(
-                "{ts} poll {}: {} files, {} events, {} batches, alerts +{} -{}, watermark {w}, lag {lag}, {} ms",
-                r.poll, r.files, r.events, r.job_batches, r.alerts_written, r.alerts_deleted, r.duration_ms
+                "{ts} poll {}: {} files, {} events, {} batches, alerts +{} -{}, watermark {w}, lag {lag}, dedup set {} ids ({:.1} MB), {} ms",
+                r.poll, r.files, r.events, r.job_batches, r.alerts_written, r.alerts_deleted, r.dedup_ids, r.dedup_bytes as f64 / 1e6, r.duration_ms
             );
         }
         if let Some(w) = &r.warning {

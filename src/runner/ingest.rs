@@ -38,6 +38,7 @@ use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::sink::delta::{self, Warehouse};
 use crate::sink::quarantine::{self, QuarantineBuilder};
 use crate::source::decode::{decode_file, Decoded, Rejected};
+use crate::source::dedup::{id_hash, DedupSet};
 use crate::source::discover::{self, LandedFile};
 use crate::source::validate::FileContext;
 use crate::storage::Location;
@@ -101,6 +102,9 @@ pub struct Ingestor {
     schemas: BTreeMap<String, Arc<SourceSchema>>,
     run_id: String,
     opts: IngestOptions,
+    /// The always-on stream's in-memory dedup sets, per source (a source without one
+    /// deduplicates against bronze).
+    cache: std::sync::Mutex<BTreeMap<String, DedupSet>>,
 }
 
 fn now_us() -> i64 {
@@ -137,6 +141,7 @@ impl Ingestor {
             schemas,
             run_id: uuid::Uuid::new_v4().to_string(),
             opts,
+            cache: std::sync::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -149,6 +154,62 @@ impl Ingestor {
     pub fn sources(&self) -> Result<Vec<String>> {
         let available: Vec<String> = self.schemas.keys().cloned().collect();
         self.cfg.selected_sources(&available)
+    }
+
+    /// Keep `source`'s dedup set in memory from now on (the always-on stream): fill it
+    /// with the ids of completed ingestion batches that arrived within `ttl` of the
+    /// newest one, then deduplicate each batch against it instead of querying bronze.
+    /// Returns the number of ids loaded.
+    pub async fn keep_dedup_set(&self, source: &str, ttl: std::time::Duration) -> Result<usize> {
+        let mut set = DedupSet::new(ttl);
+        let completed = runlog::last_batch(&self.wh, "ingest", source).await?;
+        if let (Some(bronze), true) = (self.wh.open(&bronze_path(source)).await?, completed > 0) {
+            let ctx = delta::session_with(&bronze, "bronze").await?;
+            // The newest arrival: among the last completed batch's rows (its files only).
+            let newest = delta::sql(
+                &ctx,
+                &format!("SELECT CAST(max(_landed_at) AS BIGINT) FROM bronze WHERE _batch_id = {completed}"),
+            )
+            .await?;
+            let newest = newest
+                .first()
+                .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+                .map(|b| delta::col_i64(b, 0).map(|c| c.value(0)))
+                .transpose()?;
+            if let Some(newest) = newest {
+                let from = newest - set.ttl() - 3_600_000_000;
+                let rows = delta::sql(
+                    &ctx,
+                    &format!(
+                        "SELECT CAST(event_id AS VARCHAR), CAST(_landed_at AS BIGINT) FROM bronze \
+                         WHERE _batch_id <= {completed} AND CAST(_landed_at AS BIGINT) >= {from}"
+                    ),
+                )
+                .await?;
+                for b in &rows {
+                    let ids = delta::col_str(b, 0)?;
+                    let landed = delta::col_i64(b, 1)?;
+                    for i in 0..b.num_rows() {
+                        if ids.is_valid(i) {
+                            set.insert(ids.value(i), landed.value(i));
+                        }
+                    }
+                }
+            }
+        }
+        let n = set.len();
+        info!(source, ids = n, "dedup set loaded");
+        self.cache
+            .lock()
+            .map_err(|_| Error::Other("dedup set lock poisoned".into()))?
+            .insert(source.to_string(), set);
+        Ok(n)
+    }
+
+    /// Ids and bytes held by `source`'s in-memory dedup set, if one is kept.
+    pub fn dedup_set_size(&self, source: &str) -> Option<(usize, usize)> {
+        let g = self.cache.lock().ok()?;
+        g.get(source).map(|s| (s.len(), s.bytes()))
     }
 
     /// Ingest everything newly landed for one source (as many batches as needed).
@@ -418,7 +479,20 @@ impl Ingestor {
             .await?;
         let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
         let t_dedup = Instant::now();
-        let deduped = dedup(batches, &bronze, schema, n).await?;
+        let cached = {
+            let mut g = self
+                .cache
+                .lock()
+                .map_err(|_| Error::Other("dedup set lock poisoned".into()))?;
+            match g.get_mut(source) {
+                Some(set) => Some(dedup_in_memory(batches.clone(), schema, set)?),
+                None => None,
+            }
+        };
+        let deduped = match cached {
+            Some(d) => d,
+            None => dedup(batches, &bronze, schema, n).await?,
+        };
         let dedup_ms = t_dedup.elapsed().as_millis() as u64;
         let t_bronze = Instant::now();
         let rows_written: i64 = deduped.iter().map(|b| b.num_rows() as i64).sum();
@@ -610,6 +684,48 @@ fn date_literal(days: i32) -> String {
     chrono::NaiveDate::from_num_days_from_ce_opt(days + 719_163)
         .map(|d| d.format("%Y-%m-%d").to_string())
         .unwrap_or_else(|| "1970-01-01".into())
+}
+
+/// Remove duplicate event_ids against an in-memory set (first occurrence within the
+/// batch wins, then anything the set holds), and add the kept ids to it with their
+/// arrival times.
+fn dedup_in_memory(
+    batches: Vec<RecordBatch>,
+    schema: &SourceSchema,
+    set: &mut DedupSet,
+) -> Result<Vec<RecordBatch>> {
+    let id_idx = schema.event_id_index();
+    let landed_idx = schema.bronze.index_of("_landed_at")?;
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let ids = b.column(id_idx).as_string::<i32>();
+        let landed = b
+            .column(landed_idx)
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let mask: BooleanArray = (0..b.num_rows())
+            .map(|i| {
+                Some(
+                    ids.is_valid(i) && {
+                        let at = if landed.is_valid(i) {
+                            landed.value(i)
+                        } else {
+                            0
+                        };
+                        set.insert_hash(id_hash(ids.value(i)), at)
+                    },
+                )
+            })
+            .collect();
+        if mask.true_count() == b.num_rows() {
+            out.push(b);
+            continue;
+        }
+        let f = filter_record_batch(&b, &mask)?;
+        if f.num_rows() > 0 {
+            out.push(f);
+        }
+    }
+    Ok(out)
 }
 
 /// Remove duplicate event_ids: first occurrence within the batch wins, then anything

@@ -11,6 +11,11 @@
 //! the same host), and a restart resumes from the durable plans and results: there is
 //! no state that only the dead process held.
 //!
+//! Dedup: the stream keeps each source's event ids of the last `dedup_ttl` (26 h) of
+//! arrival time in memory ([`crate::source::dedup::DedupSet`], loaded from bronze at
+//! start), so a poll does not query bronze for duplicates; the set's size is reported
+//! with every poll.
+//!
 //! Stopping: [`StopFlag`] (set on SIGTERM / Ctrl-C by the CLI) ends the loop between
 //! polls; a poll in progress completes its commits first.
 
@@ -58,6 +63,8 @@ pub struct StreamOptions {
     /// polls keep finding work (the stream is falling behind).
     pub max_lag: Duration,
     pub lease_ttl: Duration,
+    /// Duplicate deliveries are removed within this much arrival time (in memory).
+    pub dedup_ttl: Duration,
 }
 
 impl Default for StreamOptions {
@@ -68,6 +75,7 @@ impl Default for StreamOptions {
             idle_polls: None,
             max_lag: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(600),
+            dedup_ttl: Duration::from_secs(26 * 3600),
         }
     }
 }
@@ -85,6 +93,9 @@ pub struct PollReport {
     /// Processing time minus the arrival time of the newest file consumed, in seconds:
     /// how far the gold tables lag the landing zone right after this poll.
     pub lag_s: Option<f64>,
+    /// Ids held by the in-memory dedup set(s) and their bytes.
+    pub dedup_ids: usize,
+    pub dedup_bytes: usize,
     /// Something went wrong but the stream goes on (e.g. a busy lease).
     pub warning: Option<String>,
     pub duration_ms: u64,
@@ -110,6 +121,12 @@ pub async fn run(
 ) -> Result<StreamSummary> {
     let wh = ing.warehouse();
     let mut lease = Lease::acquire(wh, &lease_name(&spec.name), opts.lease_ttl).await?;
+    for s in &spec.sources {
+        if let Err(e) = ing.keep_dedup_set(s, opts.dedup_ttl).await {
+            let _ = lease.release().await;
+            return Err(e);
+        }
+    }
     let result = poll_loop(ing, runner, spec, opts, stop, &mut lease, &mut report).await;
     if let Err(e) = lease.release().await {
         warn!(job = %spec.name, error = %e, "could not release the stream lease");
@@ -172,6 +189,12 @@ async fn poll_loop(
                     "falling behind: the newest file consumed landed {lag:.0} s ago (> {} s)",
                     opts.max_lag.as_secs()
                 ));
+            }
+        }
+        for s in &spec.sources {
+            if let Some((ids, bytes)) = ing.dedup_set_size(s) {
+                r.dedup_ids += ids;
+                r.dedup_bytes += bytes;
             }
         }
         r.warning = (!warnings.is_empty()).then(|| warnings.join("; "));

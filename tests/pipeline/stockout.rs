@@ -541,3 +541,62 @@ fn an_idle_inventory_partition_does_not_stall_the_watermark() {
         assert_eq!(w, T0 + 570, "{mode:?}");
     }
 }
+
+/// The stream's dedup set: a redelivery within `--dedup-ttl` of arrival time is dropped
+/// (counted in the run log), one after it is a new delivery. Every invocation is a new
+/// process, so the set is rebuilt from bronze each time.
+#[test]
+fn the_stream_dedups_within_its_ttl_and_forgets_after_it() {
+    let env = Env::new();
+    let poll = |env: &Env| {
+        env.run_ok(
+            &[
+                "stream",
+                "--job",
+                "stockout",
+                "--max-polls",
+                "1",
+                "--interval",
+                "1ms",
+                "--dedup-ttl",
+                "1h",
+            ],
+            0,
+        )
+    };
+    let e1 = ev("e1", T0, "A", "count", 5);
+    land(&env, 1, T0 + 10, std::slice::from_ref(&e1));
+    let out = poll(&env);
+    assert!(out.contains("dedup set 1 ids"), "{out}");
+    // 30 minutes later: e1 again (a duplicate) and e2.
+    land(
+        &env,
+        2,
+        T0 + 1800,
+        &[e1.clone(), ev("e2", T0 + 1700, "A", "sale", -1)],
+    );
+    let out = poll(&env);
+    assert!(out.contains("dedup set 2 ids"), "{out}");
+    // Three hours later e1 once more: its hour is past the 1 h TTL, so it is new.
+    land(&env, 3, T0 + 3 * 3600, std::slice::from_ref(&e1));
+    poll(&env);
+    let dups = env.query(
+        "_kestrel/runs",
+        "SELECT batch_id, duplicates FROM t WHERE kind = 'ingest' ORDER BY batch_id",
+    );
+    assert_eq!(
+        dups,
+        vec![
+            vec!["1".to_string(), "0".to_string()],
+            vec!["2".to_string(), "1".to_string()],
+            vec!["3".to_string(), "0".to_string()]
+        ]
+    );
+    assert_eq!(
+        env.count(
+            "bronze/inventory",
+            "SELECT count(*) FROM t WHERE event_id = 'e1'"
+        ),
+        2
+    );
+}
