@@ -15,8 +15,11 @@
 //! 4. `stream [SECONDS]` (only when asked): alert latency of `kestrel stream` under a
 //!    steady 2,000 events/s, p50/p99 over SECONDS (default 240) stock-outs.
 //!
-//! Pick one with `history`, `throughput` (or an event count), `payments` or `stream`;
-//! none: the first three.
+//! 5. `dedup-memory` (only when asked): the stream's dedup set holding 24 h at 200
+//!    events/s (17.28M ids): bytes per id.
+//!
+//! Pick one with `history`, `throughput` (or an event count), `payments`, `stream` or
+//! `dedup-memory`; none: the first three.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -520,6 +523,42 @@ async fn stream_latency(
     );
 }
 
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<usize>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// The stream's dedup set at the scale of 24 h at 200 events/s (17,280,000 ids arriving
+/// evenly over a day, TTL 26 h): resident memory per id, and insert rate.
+fn dedup_memory() {
+    use kestrel::source::dedup::DedupSet;
+    const IDS: usize = 200 * 86_400;
+    let before = rss_bytes();
+    let t = Instant::now();
+    let mut set = DedupSet::new(std::time::Duration::from_secs(26 * 3600));
+    let step = 86_400_000_000 / IDS as i64;
+    for i in 0..IDS {
+        set.insert(&format!("evt-{i:012}"), DAY0 * 1_000_000 + i as i64 * step);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let grown = rss_bytes().saturating_sub(before);
+    println!(
+        "dedup set: {} ids in {secs:.1} s ({:.1} M inserts/s); RSS +{:.0} MB = {:.1} bytes/id; hash tables {:.1} bytes/id (target <= 40)",
+        set.len(),
+        IDS as f64 / secs / 1e6,
+        grown as f64 / 1e6,
+        grown as f64 / IDS as f64,
+        set.bytes() as f64 / IDS as f64
+    );
+}
+
 fn main() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -550,6 +589,10 @@ fn main() {
         }
         if only("throughput") || args.first().is_some_and(|a| a.parse::<usize>().is_ok()) {
             throughput(tmp.path(), events, &schemas, &spec).await;
+        }
+        if args.iter().any(|a| a == "dedup-memory") {
+            dedup_memory();
+            return;
         }
         if args.iter().any(|a| a == "stream") {
             let stockout = jobs["stockout"].clone();

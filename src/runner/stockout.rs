@@ -79,7 +79,9 @@ impl JobRunner {
         let between = read::batches_between(input.after_batch, input.upto_batch);
         let mut new_cols = columns(&so::INPUT);
         new_cols.extend(columns(&["_source_partition", "_landed_at"]));
+        let t = std::time::Instant::now();
         let new = read_bronze(between.clone(), agg::project(&bronze, &new_cols)?).await?;
+        let read_new_ms = t.elapsed().as_millis() as u64;
         let (applied, too_late) = agg::split_late(&new, cutoff)?;
         let late_rows = match cutoff {
             Some(c) if too_late.num_rows() > 0 => {
@@ -113,9 +115,11 @@ impl JobRunner {
             _ => BTreeMap::new(),
         };
         let skus: BTreeSet<&String> = new_events.keys().chain(passed.keys()).collect();
+        let t = std::time::Instant::now();
         let mut states = self
             .sku_states(availability_table, skus.iter().copied())
             .await?;
+        let state_ms = t.elapsed().as_millis() as u64;
 
         // 3. Each touched sku continues from its state or replays from its base.
         let replay: Vec<&String> = new_events
@@ -200,10 +204,20 @@ impl JobRunner {
             }
         }
 
-        // 5. Alerts against the rows the touched skus have.
+        // 5. Alerts against the rows the touched skus have: a replayed sku's from the
+        // cut-off on; a continuing sku's only in the minutes of its new stock-outs (it has
+        // no alert after its last event), which file statistics prune to a few files.
+        let mut minutes_of: BTreeMap<&String, Vec<Micros>> = BTreeMap::new();
+        for (sku, (_, stockouts)) in &computed {
+            if !replay.contains(sku) && !stockouts.is_empty() {
+                minutes_of.insert(*sku, so::per_minute(stockouts).into_keys().collect());
+            }
+        }
+        let t = std::time::Instant::now();
         let existing = self
-            .existing_alerts(spec, new_events.keys(), lo, w_after, &computed)
+            .existing_alerts(spec, &replay, &minutes_of, lo, w_after, &computed)
             .await?;
+        let alerts_ms = t.elapsed().as_millis() as u64;
         let mut changes = AlertChanges::default();
         for (sku, (span, stockouts)) in &computed {
             let ex = existing.get(*sku).map(Vec::as_slice).unwrap_or(&[]);
@@ -225,6 +239,9 @@ impl JobRunner {
             bases_moved = passed.len(),
             upserts = changes.upserts.len(),
             deletes = changes.deletes.len(),
+            read_new_ms,
+            state_ms,
+            alerts_ms,
             "stock-outs evaluated"
         );
         let counts = JobCounts {
@@ -321,42 +338,77 @@ impl JobRunner {
         so::states_from(&b)
     }
 
-    /// Alert rows of the touched skus from the date of `lo` (the cut-off: every alert a
-    /// batch can change or meet lies at or after it) to the newest computed stock-out.
-    async fn existing_alerts<'a>(
+    /// Existing alert rows: of the `replayed` skus from the date of `lo` (the cut-off:
+    /// every alert a replay can change lies at or after it) to the newest computed
+    /// stock-out; of the other skus in `minutes_of`, in those minutes only.
+    async fn existing_alerts(
         &self,
         spec: &JobSpec,
-        skus: impl Iterator<Item = &'a String>,
+        replayed: &[&String],
+        minutes_of: &BTreeMap<&String, Vec<Micros>>,
         lo: Micros,
         w_after: Option<Micros>,
         computed: &BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)>,
     ) -> Result<BTreeMap<String, Vec<so::Alert>>> {
+        if replayed.is_empty() && minutes_of.is_empty() {
+            return Ok(BTreeMap::new());
+        }
         let Some(t) = self.wh.open(&spec.table).await? else {
             return Ok(BTreeMap::new());
         };
-        let hi = computed
-            .values()
-            .filter_map(|(_, s)| s.last().map(|s| s.ts))
-            .chain(w_after)
-            .max()
-            .unwrap_or(lo)
-            .max(lo)
-            + 1;
-        let lo_minute = lo.div_euclid(MINUTE) * MINUTE;
-        let mut filter = col("minute").gt_eq(read::ts_lit(lo_minute));
-        if hi - lo_minute < 1100 * agg::DAY {
-            filter = read::dates_in(so::ALERT_DATE, &agg::dates_of(&[(lo_minute, hi)])).and(filter);
-        }
         let ctx = delta::session_with(&t, "alerts").await?;
-        let b = read::read_keys(
-            &ctx,
-            "alerts",
-            filter,
-            "sku",
-            &keys_batch(skus)?,
-            &so::alerts_schema(),
-        )
-        .await?;
-        so::alerts_from(&b)
+        let mut out: BTreeMap<String, Vec<so::Alert>> = BTreeMap::new();
+        let mut take = |b: RecordBatch| -> Result<()> {
+            for (sku, rows) in so::alerts_from(&b)? {
+                let v = out.entry(sku).or_default();
+                for r in rows {
+                    if !v.contains(&r) {
+                        v.push(r);
+                    }
+                }
+            }
+            Ok(())
+        };
+        if !replayed.is_empty() {
+            let hi = computed
+                .values()
+                .filter_map(|(_, s)| s.last().map(|s| s.ts))
+                .chain(w_after)
+                .max()
+                .unwrap_or(lo)
+                .max(lo)
+                + 1;
+            let lo_minute = lo.div_euclid(MINUTE) * MINUTE;
+            let mut filter = col("minute").gt_eq(read::ts_lit(lo_minute));
+            if hi - lo_minute < 1100 * agg::DAY {
+                filter =
+                    read::dates_in(so::ALERT_DATE, &agg::dates_of(&[(lo_minute, hi)])).and(filter);
+            }
+            let keys = keys_batch(replayed.iter().copied())?;
+            take(
+                read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?,
+            )?;
+        }
+        if !minutes_of.is_empty() {
+            let mut minutes: Vec<Micros> = minutes_of.values().flatten().copied().collect();
+            minutes.sort_unstable();
+            minutes.dedup();
+            let days: Vec<i32> = {
+                let mut d: Vec<i32> = minutes
+                    .iter()
+                    .map(|m| m.div_euclid(agg::DAY) as i32)
+                    .collect();
+                d.dedup();
+                d
+            };
+            let filter = read::dates_in(so::ALERT_DATE, &days).and(
+                col("minute").in_list(minutes.iter().map(|m| read::ts_lit(*m)).collect(), false),
+            );
+            let keys = keys_batch(minutes_of.keys().copied())?;
+            take(
+                read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?,
+            )?;
+        }
+        Ok(out)
     }
 }
