@@ -366,13 +366,35 @@ async fn stream(
                 r.poll, r.files, r.events, r.job_batches, r.alerts_written, r.alerts_deleted, r.dedup_ids, r.dedup_bytes as f64 / 1e6, r.duration_ms
             );
         }
+        if let Some((ms, bytes)) = r.checkpoint {
+            println!(
+                "{ts} checkpoint: {:.1} MB in {ms} ms",
+                bytes as f64 / 1e6
+            );
+        }
         if let Some(w) = &r.warning {
             eprintln!("{ts} warning: {w}");
         }
     })
     .await?;
+    for (source, load) in &summary.loads {
+        println!(
+            "{source}: dedup set started with {} ids ({}; {} read from bronze)",
+            load.ids,
+            if load.from_checkpoint {
+                "from its checkpoint"
+            } else {
+                "rebuilt from bronze"
+            },
+            load.read_from_bronze
+        );
+    }
+    let last = summary
+        .final_checkpoint
+        .map(|(ms, bytes)| format!("; final checkpoint {:.1} MB in {ms} ms", bytes as f64 / 1e6))
+        .unwrap_or_default();
     println!(
-        "stopped after {} polls: {} files, {} events, {} job batches",
+        "stopped after {} polls: {} files, {} events, {} job batches{last}",
         summary.polls, summary.files, summary.events, summary.job_batches
     );
     Ok(ExitCode::SUCCESS)

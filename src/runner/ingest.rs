@@ -94,6 +94,18 @@ impl SourceReport {
     }
 }
 
+/// How an in-memory dedup set was loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupLoad {
+    /// Ids held.
+    pub ids: usize,
+    /// Ids read from bronze (all of them without a checkpoint; the top-up with one).
+    pub read_from_bronze: usize,
+    pub from_checkpoint: bool,
+    /// The last completed ingestion batch the set reflects.
+    pub position: i64,
+}
+
 /// Ingests sources of one configuration.
 pub struct Ingestor {
     cfg: Config,
@@ -156,34 +168,62 @@ impl Ingestor {
         self.cfg.selected_sources(&available)
     }
 
-    /// Keep `source`'s dedup set in memory from now on (the always-on stream): fill it
-    /// with the ids of completed ingestion batches that arrived within `ttl` of the
-    /// newest one, then deduplicate each batch against it instead of querying bronze.
-    /// Returns the number of ids loaded.
-    pub async fn keep_dedup_set(&self, source: &str, ttl: std::time::Duration) -> Result<usize> {
-        let mut set = DedupSet::new(ttl);
+    /// Keep `source`'s dedup set in memory from now on (the always-on stream) and
+    /// deduplicate each batch against it instead of querying bronze. The set starts from
+    /// `from` — a checkpointed set and the ingestion batch it reflects — topped up with
+    /// the ids of the completed batches after it; without one, it is filled with the ids
+    /// of completed batches that arrived within `ttl` of the newest.
+    pub async fn keep_dedup_set(
+        &self,
+        source: &str,
+        ttl: std::time::Duration,
+        from: Option<(DedupSet, i64)>,
+    ) -> Result<DedupLoad> {
         let completed = runlog::last_batch(&self.wh, "ingest", source).await?;
-        if let (Some(bronze), true) = (self.wh.open(&bronze_path(source)).await?, completed > 0) {
+        let (mut set, after) = match from {
+            Some((set, pos)) if pos <= completed => (set, Some(pos)),
+            Some((_, pos)) => {
+                warn!(
+                    source,
+                    checkpoint = pos,
+                    completed,
+                    "checkpoint ahead of the run log: rebuilding the dedup set from bronze"
+                );
+                (DedupSet::new(ttl), None)
+            }
+            None => (DedupSet::new(ttl), None),
+        };
+        let mut read = 0usize;
+        let bronze = self.wh.open(&bronze_path(source)).await?;
+        if let (Some(bronze), true) = (bronze, completed > after.unwrap_or(0)) {
             let ctx = delta::session_with(&bronze, "bronze").await?;
-            // The newest arrival: among the last completed batch's rows (its files only).
-            let newest = delta::sql(
-                &ctx,
-                &format!("SELECT CAST(max(_landed_at) AS BIGINT) FROM bronze WHERE _batch_id = {completed}"),
-            )
-            .await?;
-            let newest = newest
-                .first()
-                .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
-                .map(|b| delta::col_i64(b, 0).map(|c| c.value(0)))
-                .transpose()?;
-            if let Some(newest) = newest {
-                let from = newest - set.ttl() - 3_600_000_000;
+            let filter = match after {
+                // Only the batches after the checkpoint (file statistics prune the rest).
+                Some(pos) => Some(format!("_batch_id > {pos} AND _batch_id <= {completed}")),
+                None => {
+                    // The newest arrival: among the last completed batch's rows.
+                    let newest = delta::sql(
+                        &ctx,
+                        &format!("SELECT CAST(max(_landed_at) AS BIGINT) FROM bronze WHERE _batch_id = {completed}"),
+                    )
+                    .await?;
+                    newest
+                        .first()
+                        .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+                        .map(|b| delta::col_i64(b, 0).map(|c| c.value(0)))
+                        .transpose()?
+                        .map(|newest| {
+                            let from = newest - set.ttl() - 3_600_000_000;
+                            format!(
+                                "_batch_id <= {completed} AND CAST(_landed_at AS BIGINT) >= {from}"
+                            )
+                        })
+                }
+            };
+            if let Some(filter) = filter {
                 let rows = delta::sql(
                     &ctx,
-                    &format!(
-                        "SELECT CAST(event_id AS VARCHAR), CAST(_landed_at AS BIGINT) FROM bronze \
-                         WHERE _batch_id <= {completed} AND CAST(_landed_at AS BIGINT) >= {from}"
-                    ),
+                    &format!("SELECT CAST(event_id AS VARCHAR), CAST(_landed_at AS BIGINT) FROM bronze WHERE {filter}"),
                 )
                 .await?;
                 for b in &rows {
@@ -192,18 +232,36 @@ impl Ingestor {
                     for i in 0..b.num_rows() {
                         if ids.is_valid(i) {
                             set.insert(ids.value(i), landed.value(i));
+                            read += 1;
                         }
                     }
                 }
             }
         }
-        let n = set.len();
-        info!(source, ids = n, "dedup set loaded");
+        let load = DedupLoad {
+            ids: set.len(),
+            read_from_bronze: read,
+            from_checkpoint: after.is_some(),
+            position: completed,
+        };
+        info!(
+            source,
+            ids = load.ids,
+            read,
+            from_checkpoint = load.from_checkpoint,
+            "dedup set loaded"
+        );
         self.cache
             .lock()
             .map_err(|_| Error::Other("dedup set lock poisoned".into()))?
             .insert(source.to_string(), set);
-        Ok(n)
+        Ok(load)
+    }
+
+    /// Run `f` on `source`'s in-memory dedup set, if one is kept.
+    pub fn with_dedup_set<R>(&self, source: &str, f: impl FnOnce(&DedupSet) -> R) -> Option<R> {
+        let g = self.cache.lock().ok()?;
+        g.get(source).map(f)
     }
 
     /// Ids and bytes held by `source`'s in-memory dedup set, if one is kept.

@@ -2,6 +2,7 @@
 //! micro-batches ([`batch`]), one batch at a time; [`read`] holds the bronze reads jobs use.
 
 pub mod batch;
+pub mod checkpoint;
 pub mod ingest;
 mod payments;
 pub mod read;

@@ -12,13 +12,17 @@
 //! no state that only the dead process held.
 //!
 //! Dedup: the stream keeps each source's event ids of the last `dedup_ttl` (26 h) of
-//! arrival time in memory ([`crate::source::dedup::DedupSet`], loaded from bronze at
-//! start), so a poll does not query bronze for duplicates; the set's size is reported
-//! with every poll.
+//! arrival time in memory ([`crate::source::dedup::DedupSet`]), so a poll does not query
+//! bronze for duplicates; the set's size is reported with every poll. The set is
+//! checkpointed every `checkpoint_every` (10 s) and when the stream stops
+//! ([`crate::runner::checkpoint`]); a restart loads the checkpoint and tops it up with
+//! the ids of the ingestion batches completed after it (without one, it rebuilds the set
+//! from bronze).
 //!
 //! Stopping: [`StopFlag`] (set on SIGTERM / Ctrl-C by the CLI) ends the loop between
 //! polls; a poll in progress completes its commits first.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +33,8 @@ use crate::error::{Error, Result};
 use crate::job::spec::JobSpec;
 use crate::lease::Lease;
 use crate::runner::batch::JobRunner;
-use crate::runner::ingest::Ingestor;
+use crate::runner::checkpoint as ckpt;
+use crate::runner::ingest::{DedupLoad, Ingestor};
 use crate::time::Micros;
 
 /// Name of the lease a stream holds for `job`.
@@ -65,6 +70,8 @@ pub struct StreamOptions {
     pub lease_ttl: Duration,
     /// Duplicate deliveries are removed within this much arrival time (in memory).
     pub dedup_ttl: Duration,
+    /// Time between checkpoints of the dedup set (one is also written when stopping).
+    pub checkpoint_every: Duration,
 }
 
 impl Default for StreamOptions {
@@ -76,6 +83,7 @@ impl Default for StreamOptions {
             max_lag: Duration::from_secs(60),
             lease_ttl: Duration::from_secs(600),
             dedup_ttl: Duration::from_secs(26 * 3600),
+            checkpoint_every: Duration::from_secs(10),
         }
     }
 }
@@ -96,6 +104,8 @@ pub struct PollReport {
     /// Ids held by the in-memory dedup set(s) and their bytes.
     pub dedup_ids: usize,
     pub dedup_bytes: usize,
+    /// A checkpoint written after this poll: (milliseconds, bytes).
+    pub checkpoint: Option<(u64, usize)>,
     /// Something went wrong but the stream goes on (e.g. a busy lease).
     pub warning: Option<String>,
     pub duration_ms: u64,
@@ -108,6 +118,59 @@ pub struct StreamSummary {
     pub files: i64,
     pub events: i64,
     pub job_batches: usize,
+    /// How each source's dedup set was loaded at start.
+    pub loads: Vec<(String, DedupLoad)>,
+    /// The checkpoint written when stopping: (milliseconds, bytes).
+    pub final_checkpoint: Option<(u64, usize)>,
+}
+
+/// Per source: the position the in-memory set reflects and the last one checkpointed.
+struct Positions(BTreeMap<String, (i64, i64)>);
+
+impl Positions {
+    fn dirty(&self) -> bool {
+        self.0.values().any(|(now, saved)| now != saved)
+    }
+}
+
+/// Checkpoint every source's dedup set; returns (milliseconds, bytes).
+async fn checkpoint(
+    ing: &Ingestor,
+    spec: &JobSpec,
+    positions: &mut Positions,
+    seq: &mut u64,
+) -> Result<(u64, usize)> {
+    let t = Instant::now();
+    let mut bytes = 0;
+    *seq += 1;
+    for (source, (now, saved)) in positions.0.iter_mut() {
+        let header = ckpt::Header {
+            operator_id: ckpt::OPERATOR.into(),
+            format: ckpt::FORMAT,
+            job: spec.name.clone(),
+            source: source.clone(),
+            seq: *seq,
+            created_at_us: chrono::Utc::now().timestamp_micros(),
+            position: *now,
+            ttl_s: 0,
+        };
+        let encoded = ing
+            .with_dedup_set(source, |set| {
+                let mut h = header.clone();
+                h.ttl_s = u64::try_from(set.ttl() / 1_000_000).unwrap_or(0);
+                ckpt::encode(&h, set)
+            })
+            .transpose()?;
+        if let Some(b) = encoded {
+            bytes += b.len();
+            ing.warehouse()
+                .loc
+                .put(&ckpt::key(&spec.name, source), b)
+                .await?;
+            *saved = *now;
+        }
+    }
+    Ok((t.elapsed().as_millis() as u64, bytes))
 }
 
 /// Run `spec` always-on until stopped (or the options' limits).
@@ -121,31 +184,68 @@ pub async fn run(
 ) -> Result<StreamSummary> {
     let wh = ing.warehouse();
     let mut lease = Lease::acquire(wh, &lease_name(&spec.name), opts.lease_ttl).await?;
-    for s in &spec.sources {
-        if let Err(e) = ing.keep_dedup_set(s, opts.dedup_ttl).await {
-            let _ = lease.release().await;
-            return Err(e);
+    let result = async {
+        let mut loads = Vec::new();
+        let mut positions = Positions(BTreeMap::new());
+        for s in &spec.sources {
+            let from = ckpt::load(wh, &spec.name, s).await?.map(|c| {
+                let mut set = c.dedup;
+                set.set_ttl(opts.dedup_ttl);
+                (set, c.header.position)
+            });
+            let saved = from.as_ref().map_or(-1, |(_, p)| *p);
+            let load = ing.keep_dedup_set(s, opts.dedup_ttl, from).await?;
+            positions.0.insert(s.clone(), (load.position, saved));
+            loads.push((s.clone(), load));
         }
+        let parts = Parts {
+            ing,
+            runner,
+            spec,
+            opts,
+            stop,
+        };
+        let mut summary = poll_loop(&parts, &mut lease, &mut positions, &mut report).await?;
+        summary.loads = loads;
+        // The final checkpoint: a restart then reads only what lands after it.
+        let mut seq = summary.polls;
+        summary.final_checkpoint = Some(checkpoint(ing, spec, &mut positions, &mut seq).await?);
+        Ok(summary)
     }
-    let result = poll_loop(ing, runner, spec, opts, stop, &mut lease, &mut report).await;
+    .await;
     if let Err(e) = lease.release().await {
         warn!(job = %spec.name, error = %e, "could not release the stream lease");
     }
     result
 }
 
+/// What a stream works with.
+struct Parts<'a> {
+    ing: &'a Ingestor,
+    runner: &'a JobRunner,
+    spec: &'a JobSpec,
+    opts: &'a StreamOptions,
+    stop: &'a StopFlag,
+}
+
 async fn poll_loop(
-    ing: &Ingestor,
-    runner: &JobRunner,
-    spec: &JobSpec,
-    opts: &StreamOptions,
-    stop: &StopFlag,
+    parts: &Parts<'_>,
     lease: &mut Lease,
+    positions: &mut Positions,
     report: &mut impl FnMut(&PollReport),
 ) -> Result<StreamSummary> {
     let mut summary = StreamSummary::default();
     let mut idle = 0u64;
     let mut renewed = Instant::now();
+    let mut checkpointed = Instant::now();
+    let mut seq = 0u64;
+    let Parts {
+        ing,
+        runner,
+        spec,
+        opts,
+        stop,
+    } = *parts;
     while !stop.stopped() && opts.max_polls.is_none_or(|m| summary.polls < m) {
         let t = Instant::now();
         if renewed.elapsed() > opts.lease_ttl / 3 {
@@ -163,6 +263,9 @@ async fn poll_loop(
                 Ok(rep) => {
                     r.files += rep.files();
                     r.events += rep.rows_written();
+                    if let (Some(last), Some(p)) = (rep.batches.last(), positions.0.get_mut(s)) {
+                        p.0 = last.batch_id;
+                    }
                 }
                 Err(e @ Error::LeaseHeld { .. }) => warnings.push(e.to_string()),
                 Err(e) => return Err(e),
@@ -196,6 +299,10 @@ async fn poll_loop(
                 r.dedup_ids += ids;
                 r.dedup_bytes += bytes;
             }
+        }
+        if checkpointed.elapsed() >= opts.checkpoint_every && positions.dirty() {
+            r.checkpoint = Some(checkpoint(ing, spec, positions, &mut seq).await?);
+            checkpointed = Instant::now();
         }
         r.warning = (!warnings.is_empty()).then(|| warnings.join("; "));
         r.duration_ms = t.elapsed().as_millis() as u64;

@@ -50,6 +50,11 @@ impl DedupSet {
         }
     }
 
+    /// Change the TTL (a restored set takes the running stream's).
+    pub fn set_ttl(&mut self, ttl: std::time::Duration) {
+        self.ttl = i64::try_from(ttl.as_micros()).unwrap_or(Micros::MAX);
+    }
+
     /// The TTL in micros.
     pub fn ttl(&self) -> Micros {
         self.ttl
@@ -110,6 +115,31 @@ impl DedupSet {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Snapshot: (hour start, ids) per hour, oldest first (for checkpoints).
+    pub fn snapshot(&self) -> Vec<(Micros, Vec<u128>)> {
+        self.hours
+            .iter()
+            .map(|(h, s)| {
+                let mut v: Vec<u128> = s.iter().copied().collect();
+                v.sort_unstable();
+                (*h, v)
+            })
+            .collect()
+    }
+
+    /// Restore from [`DedupSet::snapshot`].
+    pub fn restore(ttl: std::time::Duration, hours: Vec<(Micros, Vec<u128>)>) -> Self {
+        let mut d = DedupSet::new(ttl);
+        for (h, ids) in hours {
+            let mut s =
+                HashSet::with_capacity_and_hasher(ids.len(), foldhash::fast::FixedState::default());
+            s.extend(ids);
+            d.hours.push_back((h, s));
+        }
+        d.hours.make_contiguous().sort_by_key(|(h, _)| *h);
+        d
     }
 
     /// Bytes the hash tables hold (capacity × (16-byte key + 1 control byte)).

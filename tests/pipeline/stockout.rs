@@ -500,6 +500,7 @@ fn a_running_stream_owns_inventory_and_stops_cleanly_on_sigterm() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("stopped after"), "{stdout}");
+    assert!(stdout.contains("final checkpoint"), "{stdout}");
     // The lease is gone: `run` owns inventory again (and finds nothing new there).
     land(&env, 3, d[2].0, &d[2].1);
     let out = env.run_ok(&["run", "--job", "stockout"], 0);
@@ -568,6 +569,11 @@ fn the_stream_dedups_within_its_ttl_and_forgets_after_it() {
     land(&env, 1, T0 + 10, std::slice::from_ref(&e1));
     let out = poll(&env);
     assert!(out.contains("dedup set 1 ids"), "{out}");
+    assert!(
+        out.contains("dedup set started with 0 ids (rebuilt from bronze"),
+        "{out}"
+    );
+    assert!(out.contains("final checkpoint"), "{out}");
     // 30 minutes later: e1 again (a duplicate) and e2.
     land(
         &env,
@@ -577,6 +583,11 @@ fn the_stream_dedups_within_its_ttl_and_forgets_after_it() {
     );
     let out = poll(&env);
     assert!(out.contains("dedup set 2 ids"), "{out}");
+    // The restart loaded the previous run's checkpoint: nothing to read from bronze.
+    assert!(
+        out.contains("dedup set started with 1 ids (from its checkpoint; 0 read from bronze)"),
+        "{out}"
+    );
     // Three hours later e1 once more: its hour is past the 1 h TTL, so it is new.
     land(&env, 3, T0 + 3 * 3600, std::slice::from_ref(&e1));
     poll(&env);
@@ -598,5 +609,44 @@ fn the_stream_dedups_within_its_ttl_and_forgets_after_it() {
             "SELECT count(*) FROM t WHERE event_id = 'e1'"
         ),
         2
+    );
+    // Ids ingested by `run` after the checkpoint are topped up from bronze at restart.
+    land(
+        &env,
+        4,
+        T0 + 3 * 3600 + 60,
+        &[ev("e3", T0 + 3 * 3600, "A", "sale", -1)],
+    );
+    env.run_ok(&["run", "--job", "stockout"], 0);
+    land(
+        &env,
+        5,
+        T0 + 3 * 3600 + 120,
+        &[ev("e3", T0 + 3 * 3600, "A", "sale", -1)],
+    );
+    let out = poll(&env);
+    assert!(
+        out.contains("(from its checkpoint; 1 read from bronze)"),
+        "{out}"
+    );
+    let dups = env.count(
+        "_kestrel/runs",
+        "SELECT duplicates FROM t WHERE kind = 'ingest' AND batch_id = 5",
+    );
+    assert_eq!(
+        dups, 1,
+        "e3 redelivered after the checkpoint is still caught"
+    );
+    // A checkpoint from a newer binary is refused with a one-line reason, not misread.
+    let ck = env
+        .warehouse()
+        .join("_kestrel/state/stockout/inventory.ckpt");
+    let mut bytes = std::fs::read(&ck).unwrap();
+    bytes[11..15].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&ck, bytes).unwrap();
+    let err = env.fails_one_line(&["stream", "--job", "stockout", "--max-polls", "1"]);
+    assert!(
+        err.contains("inventory.ckpt") && err.contains("format 99 by a newer kestrel"),
+        "{err}"
     );
 }
