@@ -1,26 +1,31 @@
 //! Checkpoints of the always-on stream's in-memory state: per source, its dedup set and
-//! the ingestion batch it reflects, at `_kestrel/state/<job>/<source>.ckpt`.
+//! the ingestion batch it reflects, under `_kestrel/state/<job>/`.
 //!
 //! Everything else the stream knows is committed to Delta with every poll (plans,
 //! results, `gold/sku_availability`), so the dedup set is the only state a restart would
-//! otherwise rebuild from bronze. A checkpoint names its operator by a stable id and
-//! carries a format version: a restarted binary reads the same or an older format and
-//! refuses a newer one (or another operator's) with a message that says why — never
-//! misreads it. Layout:
+//! otherwise rebuild from bronze.
 //!
-//! ```text
-//! "KESTRELCKPT" u32 format  u64 n  header (JSON, n bytes)  u64 n  ids (Arrow IPC, n bytes)
-//! ```
+//! The set is kept as one hash set per hour of arrival, and only the newest hours still
+//! change, so a checkpoint is **incremental**: each hour is a chunk file
+//! (`<source>/<hour>.ids`, an Arrow IPC stream of 128-bit id hashes) rewritten only when
+//! its count changed since it was last written, then a small manifest
+//! (`<source>.ckpt`) naming the chunks is written with one PUT — the switch to the new
+//! checkpoint is atomic, and a crash leaves the previous one. Chunks of hours that aged
+//! out are deleted after the manifest. At a day of ids at 200 events/s, the first
+//! checkpoint writes everything; the next ones write one hour's chunk (see Benchmarks).
 //!
-//! The ids are an Arrow IPC stream of (hour, hi, lo): 128-bit id hashes per arrival hour,
-//! so tens of millions encode at memory speed. A checkpoint is written with one PUT
-//! (atomic on local disk and object stores), so a crash leaves the previous one.
+//! The manifest names its operator by a stable id and carries a format version: a
+//! restarted binary reads the same or an older format and refuses a newer one (or
+//! another operator's) with a message that says why — never misreads it. Layout:
+//! `"KESTRELCKPT" u32 format` then the JSON manifest.
 
+use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::sync::Arc;
+use std::time::Instant;
 
-use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, UInt64Array};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, UInt64Type};
+use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, UInt64Type};
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use serde::{Deserialize, Serialize};
@@ -51,69 +56,106 @@ pub struct Header {
     pub ttl_s: u64,
 }
 
-/// A decoded checkpoint.
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
+/// The manifest: the header and, per hour of arrival, how many ids its chunk holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
     pub header: Header,
-    pub dedup: DedupSet,
+    pub chunks: Vec<(Micros, usize)>,
 }
 
-/// Object key of a stream's checkpoint for `source`.
+/// Chunks on storage: hour → ids the chunk holds.
+pub type Written = BTreeMap<Micros, usize>;
+
+/// A loaded checkpoint.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub header: Header,
+    pub dedup: DedupSet,
+    pub written: Written,
+}
+
+/// What one checkpoint wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Saved {
+    pub ms: u64,
+    /// Bytes written (chunks + manifest).
+    pub bytes: usize,
+    pub chunks_written: usize,
+    /// Ids the checkpoint covers.
+    pub ids: usize,
+}
+
+/// Object key of a stream's manifest for `source`.
 pub fn key(job: &str, source: &str) -> String {
     format!("_kestrel/state/{job}/{source}.ckpt")
 }
 
-fn ids_batch(d: &DedupSet) -> Result<RecordBatch> {
-    let snap = d.snapshot();
-    let n: usize = snap.iter().map(|(_, v)| v.len()).sum();
-    let (mut hour, mut hi, mut lo) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (h, ids) in &snap {
-        for id in ids {
-            hour.push(*h);
-            hi.push((id >> 64) as u64);
-            lo.push(*id as u64);
-        }
-    }
+fn chunk_key(job: &str, source: &str, hour: Micros) -> String {
+    format!("_kestrel/state/{job}/{source}/{hour}.ids")
+}
+
+/// One hour's ids as an Arrow IPC stream of (hi, lo).
+pub fn encode_chunk(ids: &[u128]) -> Result<Vec<u8>> {
     let schema = Arc::new(Schema::new(vec![
-        Field::new("hour", DataType::Int64, false),
         Field::new("hi", DataType::UInt64, false),
         Field::new("lo", DataType::UInt64, false),
     ]));
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from(hour)),
-        Arc::new(UInt64Array::from(hi)),
-        Arc::new(UInt64Array::from(lo)),
+        Arc::new(UInt64Array::from_iter_values(
+            ids.iter().map(|i| (i >> 64) as u64),
+        )),
+        Arc::new(UInt64Array::from_iter_values(ids.iter().map(|i| *i as u64))),
     ];
-    Ok(RecordBatch::try_new(schema, cols)?)
-}
-
-/// Encode `dedup` with `header`.
-pub fn encode(header: &Header, dedup: &DedupSet) -> Result<Vec<u8>> {
-    let head = serde_json::to_vec(header).map_err(|e| Error::Other(e.to_string()))?;
-    let batch = ids_batch(dedup)?;
-    let mut ids = Vec::new();
+    let batch = RecordBatch::try_new(schema.clone(), cols)?;
+    let mut out = Vec::with_capacity(ids.len() * 16 + 512);
     {
-        let mut w = StreamWriter::try_new(&mut ids, &batch.schema())?;
+        let mut w = StreamWriter::try_new(&mut out, &schema)?;
         w.write(&batch)?;
         w.finish()?;
-    }
-    let mut out = Vec::with_capacity(32 + head.len() + ids.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT.to_le_bytes());
-    for part in [&head, &ids] {
-        out.extend_from_slice(&(part.len() as u64).to_le_bytes());
-        out.extend_from_slice(part);
     }
     Ok(out)
 }
 
-/// Decode bytes written by [`encode`]; `what` names them in errors. Refuses a newer
-/// format and another operator's state.
-pub fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
+/// Decode [`encode_chunk`].
+pub fn decode_chunk(bytes: &[u8], what: &str) -> Result<Vec<u128>> {
+    let bad = |reason: String| Error::Plan {
+        path: what.to_string(),
+        reason,
+    };
+    let reader = StreamReader::try_new(Cursor::new(bytes), None)
+        .map_err(|e| bad(format!("unreadable chunk: {e}")))?;
+    let mut out = Vec::new();
+    for b in reader {
+        let b = b.map_err(|e| bad(format!("unreadable chunk: {e}")))?;
+        let (Some(hi), Some(lo)) = (
+            b.column(0).as_primitive_opt::<UInt64Type>(),
+            b.column(1).as_primitive_opt::<UInt64Type>(),
+        ) else {
+            return Err(bad("chunk columns of the wrong type".into()));
+        };
+        out.extend(
+            hi.values()
+                .iter()
+                .zip(lo.values())
+                .map(|(h, l)| (u128::from(*h) << 64) | u128::from(*l)),
+        );
+    }
+    Ok(out)
+}
+
+/// Encode a manifest.
+pub fn encode_manifest(m: &Manifest) -> Result<Vec<u8>> {
+    let json = serde_json::to_vec(m).map_err(|e| Error::Other(e.to_string()))?;
+    let mut out = Vec::with_capacity(16 + json.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&json);
+    Ok(out)
+}
+
+/// Decode a manifest; `what` names it in errors. Refuses a newer format and another
+/// operator's state.
+pub fn decode_manifest(bytes: &[u8], what: &str) -> Result<Manifest> {
     let bad = |reason: String| Error::Plan {
         path: what.to_string(),
         reason,
@@ -121,7 +163,7 @@ pub fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
     let rest = bytes
         .strip_prefix(MAGIC.as_slice())
         .ok_or_else(|| bad("not a kestrel checkpoint (bad magic)".into()))?;
-    let (fmt, mut rest) = rest
+    let (fmt, json) = rest
         .split_first_chunk::<4>()
         .ok_or_else(|| bad("truncated".into()))?;
     let format = u32::from_le_bytes(*fmt);
@@ -130,78 +172,154 @@ pub fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint> {
             "written in checkpoint format {format} by a newer kestrel; this binary reads formats up to {FORMAT}: run the newer binary, or delete the file to rebuild the state from bronze"
         )));
     }
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(2);
-    for _ in 0..2 {
-        let (len, r) = rest
-            .split_first_chunk::<8>()
-            .ok_or_else(|| bad("truncated".into()))?;
-        let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);
-        if r.len() < len {
-            return Err(bad("truncated".into()));
-        }
-        parts.push(&r[..len]);
-        rest = &r[len..];
-    }
-    let header: Header =
-        serde_json::from_slice(parts[0]).map_err(|e| bad(format!("header: {e}")))?;
-    if header.operator_id != OPERATOR {
+    let m: Manifest = serde_json::from_slice(json).map_err(|e| bad(format!("manifest: {e}")))?;
+    if m.header.operator_id != OPERATOR {
         return Err(bad(format!(
             "holds the state of operator `{}`, not `{OPERATOR}`",
-            header.operator_id
+            m.header.operator_id
         )));
     }
-    let reader = StreamReader::try_new(Cursor::new(parts[1]), None)?;
-    let mut hours: Vec<(Micros, Vec<u128>)> = Vec::new();
-    for b in reader {
-        let b = b?;
-        let (Some(h), Some(hi), Some(lo)) = (
-            b.column(0).as_primitive_opt::<Int64Type>(),
-            b.column(1).as_primitive_opt::<UInt64Type>(),
-            b.column(2).as_primitive_opt::<UInt64Type>(),
-        ) else {
-            return Err(bad("ids: wrong column types".into()));
-        };
-        for i in 0..b.num_rows() {
-            let id = (u128::from(hi.value(i)) << 64) | u128::from(lo.value(i));
-            match hours.last_mut() {
-                Some((hh, v)) if *hh == h.value(i) => v.push(id),
-                _ => hours.push((h.value(i), vec![id])),
-            }
+    Ok(m)
+}
+
+/// A checkpoint ready to write: encoded while the set is at hand, written without it.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Changed chunks, then the manifest (written last: the atomic switch).
+    puts: Vec<(String, Vec<u8>)>,
+    /// Chunks of hours the set no longer holds (deleted after the manifest).
+    deletes: Vec<String>,
+    written: Written,
+    ids: usize,
+    chunks: usize,
+    encode_ms: u64,
+}
+
+/// Encode a checkpoint of `set`: the chunks whose hour changed since `written`, and the
+/// manifest.
+pub fn prepare(header: &Header, set: &DedupSet, written: &Written) -> Result<Prepared> {
+    let t = Instant::now();
+    let counts = set.hour_counts();
+    let mut puts = Vec::new();
+    let mut next = written.clone();
+    for (hour, n) in &counts {
+        if written.get(hour) == Some(n) {
+            continue;
         }
+        puts.push((
+            chunk_key(&header.job, &header.source, *hour),
+            encode_chunk(&set.hour_ids(*hour))?,
+        ));
+        next.insert(*hour, *n);
     }
-    let ttl = std::time::Duration::from_secs(header.ttl_s);
-    Ok(Checkpoint {
-        header,
-        dedup: DedupSet::restore(ttl, hours),
+    let chunks = puts.len();
+    puts.push((
+        key(&header.job, &header.source),
+        encode_manifest(&Manifest {
+            header: header.clone(),
+            chunks: counts.clone(),
+        })?,
+    ));
+    let gone: Vec<Micros> = next
+        .keys()
+        .filter(|h| !counts.iter().any(|(c, _)| c == *h))
+        .copied()
+        .collect();
+    let deletes = gone
+        .iter()
+        .map(|h| chunk_key(&header.job, &header.source, *h))
+        .collect();
+    for h in gone {
+        next.remove(&h);
+    }
+    Ok(Prepared {
+        puts,
+        deletes,
+        written: next,
+        ids: counts.iter().map(|(_, n)| n).sum(),
+        chunks,
+        encode_ms: t.elapsed().as_millis() as u64,
     })
 }
 
-/// Write a checkpoint (one PUT); returns its size in bytes.
-pub async fn save(wh: &Warehouse, header: &Header, dedup: &DedupSet) -> Result<usize> {
-    let bytes = encode(header, dedup)?;
-    let n = bytes.len();
-    wh.loc.put(&key(&header.job, &header.source), bytes).await?;
-    Ok(n)
+/// Write a prepared checkpoint; returns what was written and the chunks now on storage.
+pub async fn write(wh: &Warehouse, p: Prepared) -> Result<(Saved, Written)> {
+    let t = Instant::now();
+    let mut bytes = 0;
+    for (k, b) in p.puts {
+        bytes += b.len();
+        wh.loc.put(&k, b).await?;
+    }
+    for k in &p.deletes {
+        wh.loc.delete_if_exists(k).await?;
+    }
+    Ok((
+        Saved {
+            ms: p.encode_ms + t.elapsed().as_millis() as u64,
+            bytes,
+            chunks_written: p.chunks,
+            ids: p.ids,
+        },
+        p.written,
+    ))
+}
+
+/// [`prepare`] and [`write`] in one step; updates `written`.
+pub async fn save(
+    wh: &Warehouse,
+    header: &Header,
+    set: &DedupSet,
+    written: &mut Written,
+) -> Result<Saved> {
+    let (saved, next) = write(wh, prepare(header, set, written)?).await?;
+    *written = next;
+    Ok(saved)
 }
 
 /// Read the checkpoint of `job`'s `source`, if there is one.
-pub async fn load(wh: &Warehouse, job: &str, source: &str) -> Result<Option<Checkpoint>> {
+pub async fn load(
+    wh: &Warehouse,
+    job: &str,
+    source: &str,
+    ttl: std::time::Duration,
+) -> Result<Option<Loaded>> {
     let k = key(job, source);
     let Some(bytes) = wh.loc.get_opt(&k).await? else {
         return Ok(None);
     };
-    decode(&bytes, &wh.loc.display(&k)).map(Some)
+    let m = decode_manifest(&bytes, &wh.loc.display(&k))?;
+    let mut hours = Vec::with_capacity(m.chunks.len());
+    let mut written = Written::new();
+    for (hour, n) in &m.chunks {
+        let ck = chunk_key(job, source, *hour);
+        let what = wh.loc.display(&ck);
+        let bytes = wh.loc.get_opt(&ck).await?.ok_or_else(|| Error::Plan {
+            path: what.clone(),
+            reason: format!("missing: the checkpoint {} names it", wh.loc.display(&k)),
+        })?;
+        let ids = decode_chunk(&bytes, &what)?;
+        if ids.len() != *n {
+            return Err(Error::Plan {
+                path: what,
+                reason: format!("holds {} ids, the manifest says {n}", ids.len()),
+            });
+        }
+        written.insert(*hour, *n);
+        hours.push((*hour, ids));
+    }
+    Ok(Some(Loaded {
+        header: m.header,
+        dedup: DedupSet::restore(ttl, hours),
+        written,
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> (Header, DedupSet) {
-        let mut d = DedupSet::new(std::time::Duration::from_secs(26 * 3600));
-        d.insert("e9", 5);
-        d.insert("e10", 3_600_000_000 * 2);
-        let h = Header {
+    fn header() -> Header {
+        Header {
             operator_id: OPERATOR.into(),
             format: FORMAT,
             job: "stockout".into(),
@@ -210,38 +328,82 @@ mod tests {
             created_at_us: 1,
             position: 12,
             ttl_s: 26 * 3600,
-        };
-        (h, d)
+        }
     }
 
     #[test]
-    fn round_trip() {
-        let (h, d) = sample();
-        let c = decode(&encode(&h, &d).unwrap(), "x").unwrap();
-        assert_eq!(c.header, h);
-        assert_eq!(c.dedup.snapshot(), d.snapshot());
-        assert_eq!(c.dedup.ttl(), d.ttl());
+    fn chunks_and_manifests_round_trip() {
+        let ids = vec![1u128, u128::MAX, 1 << 70];
+        assert_eq!(
+            decode_chunk(&encode_chunk(&ids).unwrap(), "c").unwrap(),
+            ids
+        );
+        let m = Manifest {
+            header: header(),
+            chunks: vec![(0, 3), (3_600_000_000, 1)],
+        };
+        assert_eq!(
+            decode_manifest(&encode_manifest(&m).unwrap(), "m").unwrap(),
+            m
+        );
     }
 
     #[test]
     fn newer_formats_other_operators_and_damage_are_refused_with_a_reason() {
-        let (h, d) = sample();
-        let mut bytes = encode(&h, &d).unwrap();
+        let m = Manifest {
+            header: header(),
+            chunks: vec![],
+        };
+        let mut bytes = encode_manifest(&m).unwrap();
         bytes[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&(FORMAT + 1).to_le_bytes());
-        let e = decode(&bytes, "ck").unwrap_err().to_string();
+        let e = decode_manifest(&bytes, "ck").unwrap_err().to_string();
         assert!(e.contains("ck") && e.contains("newer kestrel"), "{e}");
-        let mut other = h.clone();
-        other.operator_id = "kestrel.sessions".into();
-        let e = decode(&encode(&other, &d).unwrap(), "ck")
+        let mut other = m.clone();
+        other.header.operator_id = "kestrel.sessions".into();
+        let e = decode_manifest(&encode_manifest(&other).unwrap(), "ck")
             .unwrap_err()
             .to_string();
         assert!(e.contains("kestrel.sessions"), "{e}");
-        let e = decode(b"garbage", "ck").unwrap_err().to_string();
+        let e = decode_manifest(b"garbage", "ck").unwrap_err().to_string();
         assert!(e.contains("bad magic"), "{e}");
-        let full = encode(&h, &d).unwrap();
-        let e = decode(&full[..full.len() - 3], "ck")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("truncated"), "{e}");
+        let e = decode_chunk(b"garbage", "chunk").unwrap_err().to_string();
+        assert!(e.contains("chunk") && e.contains("unreadable"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn saves_are_incremental_and_loads_restore_the_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        );
+        let ttl = std::time::Duration::from_secs(26 * 3600);
+        const H: Micros = 3_600_000_000;
+        let mut set = DedupSet::new(ttl);
+        for i in 0..100 {
+            set.insert(&format!("a{i}"), H * (i % 3));
+        }
+        let mut written = Written::new();
+        let s1 = save(&wh, &header(), &set, &mut written).await.unwrap();
+        assert_eq!((s1.chunks_written, s1.ids), (3, 100));
+        // New ids in the newest hour only: one chunk rewritten.
+        set.insert("b1", 2 * H + 5);
+        let s2 = save(&wh, &header(), &set, &mut written).await.unwrap();
+        assert_eq!(s2.chunks_written, 1);
+        assert!(s2.bytes < s1.bytes);
+        let back = load(&wh, "stockout", "inventory", ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.dedup.snapshot(), set.snapshot());
+        assert_eq!(back.written, written);
+        // An hour that ages out loses its chunk after the next save.
+        set.insert("late", 30 * H);
+        save(&wh, &header(), &set, &mut written).await.unwrap();
+        assert!(!written.contains_key(&0));
+        assert!(!dir
+            .path()
+            .join("_kestrel/state/stockout/inventory/0.ids")
+            .exists());
     }
 }

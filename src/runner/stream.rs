@@ -124,16 +124,17 @@ pub struct StreamSummary {
     pub final_checkpoint: Option<(u64, usize)>,
 }
 
-/// Per source: the position the in-memory set reflects and the last one checkpointed.
-struct Positions(BTreeMap<String, (i64, i64)>);
+/// Per source: the position the in-memory set reflects, the last one checkpointed, and
+/// the checkpoint chunks on storage.
+struct Positions(BTreeMap<String, (i64, i64, ckpt::Written)>);
 
 impl Positions {
     fn dirty(&self) -> bool {
-        self.0.values().any(|(now, saved)| now != saved)
+        self.0.values().any(|(now, saved, _)| now != saved)
     }
 }
 
-/// Checkpoint every source's dedup set; returns (milliseconds, bytes).
+/// Checkpoint every source's dedup set (incrementally); returns (milliseconds, bytes).
 async fn checkpoint(
     ing: &Ingestor,
     spec: &JobSpec,
@@ -143,8 +144,8 @@ async fn checkpoint(
     let t = Instant::now();
     let mut bytes = 0;
     *seq += 1;
-    for (source, (now, saved)) in positions.0.iter_mut() {
-        let header = ckpt::Header {
+    for (source, (now, saved, written)) in positions.0.iter_mut() {
+        let mut header = ckpt::Header {
             operator_id: ckpt::OPERATOR.into(),
             format: ckpt::FORMAT,
             job: spec.name.clone(),
@@ -154,19 +155,17 @@ async fn checkpoint(
             position: *now,
             ttl_s: 0,
         };
-        let encoded = ing
+        // Encoded while the set is locked; written after.
+        let prepared = ing
             .with_dedup_set(source, |set| {
-                let mut h = header.clone();
-                h.ttl_s = u64::try_from(set.ttl() / 1_000_000).unwrap_or(0);
-                ckpt::encode(&h, set)
+                header.ttl_s = u64::try_from(set.ttl() / 1_000_000).unwrap_or(0);
+                ckpt::prepare(&header, set, written)
             })
             .transpose()?;
-        if let Some(b) = encoded {
-            bytes += b.len();
-            ing.warehouse()
-                .loc
-                .put(&ckpt::key(&spec.name, source), b)
-                .await?;
+        if let Some(p) = prepared {
+            let (s, next) = ckpt::write(ing.warehouse(), p).await?;
+            bytes += s.bytes;
+            *written = next;
             *saved = *now;
         }
     }
@@ -188,14 +187,19 @@ pub async fn run(
         let mut loads = Vec::new();
         let mut positions = Positions(BTreeMap::new());
         for s in &spec.sources {
-            let from = ckpt::load(wh, &spec.name, s).await?.map(|c| {
-                let mut set = c.dedup;
-                set.set_ttl(opts.dedup_ttl);
-                (set, c.header.position)
-            });
-            let saved = from.as_ref().map_or(-1, |(_, p)| *p);
+            let loaded = ckpt::load(wh, &spec.name, s, opts.dedup_ttl).await?;
+            let (from, saved, written) = match loaded {
+                Some(c) => (
+                    Some((c.dedup, c.header.position)),
+                    c.header.position,
+                    c.written,
+                ),
+                None => (None, -1, ckpt::Written::new()),
+            };
             let load = ing.keep_dedup_set(s, opts.dedup_ttl, from).await?;
-            positions.0.insert(s.clone(), (load.position, saved));
+            positions
+                .0
+                .insert(s.clone(), (load.position, saved, written));
             loads.push((s.clone(), load));
         }
         let parts = Parts {

@@ -50,11 +50,6 @@ impl DedupSet {
         }
     }
 
-    /// Change the TTL (a restored set takes the running stream's).
-    pub fn set_ttl(&mut self, ttl: std::time::Duration) {
-        self.ttl = i64::try_from(ttl.as_micros()).unwrap_or(Micros::MAX);
-    }
-
     /// The TTL in micros.
     pub fn ttl(&self) -> Micros {
         self.ttl
@@ -117,7 +112,21 @@ impl DedupSet {
         self.len() == 0
     }
 
-    /// Snapshot: (hour start, ids) per hour, oldest first (for checkpoints).
+    /// (hour start, ids held) per hour, oldest first.
+    pub fn hour_counts(&self) -> Vec<(Micros, usize)> {
+        self.hours.iter().map(|(h, s)| (*h, s.len())).collect()
+    }
+
+    /// The ids of one hour (unordered).
+    pub fn hour_ids(&self, hour: Micros) -> Vec<u128> {
+        self.hours
+            .iter()
+            .find(|(h, _)| *h == hour)
+            .map(|(_, s)| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Snapshot: (hour start, sorted ids) per hour, oldest first.
     pub fn snapshot(&self) -> Vec<(Micros, Vec<u128>)> {
         self.hours
             .iter()
