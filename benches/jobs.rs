@@ -537,7 +537,7 @@ fn rss_bytes() -> usize {
 
 /// The stream's dedup set at the scale of 24 h at 200 events/s (17,280,000 ids arriving
 /// evenly over a day, TTL 26 h): resident memory per id, and insert rate.
-fn dedup_memory() {
+async fn dedup_memory() {
     use kestrel::source::dedup::DedupSet;
     const IDS: usize = 200 * 86_400;
     let before = rss_bytes();
@@ -573,32 +573,24 @@ fn dedup_memory() {
     let wh = Warehouse::new(
         Location::open(dir.path().to_str().unwrap(), &BTreeMap::new(), true).unwrap(),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let mut written = ckpt::Written::new();
-    let full = rt
-        .block_on(ckpt::save(&wh, &header, &set, &mut written))
-        .unwrap();
+    let full = ckpt::save(&wh, &header, &set, &mut written).await.unwrap();
     // Ten seconds later at 200 events/s: 2,000 more ids in the newest hour.
     let last = DAY0 * 1_000_000 + 86_400_000_000 - 1;
     for i in 0..2_000 {
         set.insert(&format!("new-{i:06}"), last);
     }
-    let next = rt
-        .block_on(ckpt::save(&wh, &header, &set, &mut written))
-        .unwrap();
+    let next = ckpt::save(&wh, &header, &set, &mut written).await.unwrap();
     let t = Instant::now();
-    let back = rt
-        .block_on(ckpt::load(
-            &wh,
-            "stockout",
-            "inventory",
-            std::time::Duration::from_secs(26 * 3600),
-        ))
-        .unwrap()
-        .unwrap();
+    let back = ckpt::load(
+        &wh,
+        "stockout",
+        "inventory",
+        std::time::Duration::from_secs(26 * 3600),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let restore_s = t.elapsed().as_secs_f64();
     assert_eq!(back.dedup.len(), IDS + 2_000);
     println!(
@@ -644,7 +636,7 @@ fn main() {
             throughput(tmp.path(), events, &schemas, &spec).await;
         }
         if args.iter().any(|a| a == "dedup-memory") {
-            dedup_memory();
+            dedup_memory().await;
             return;
         }
         if args.iter().any(|a| a == "stream") {
