@@ -122,6 +122,8 @@ pub struct StreamSummary {
     pub loads: Vec<(String, DedupLoad)>,
     /// The checkpoint written when stopping: (milliseconds, bytes).
     pub final_checkpoint: Option<(u64, usize)>,
+    /// Checkpoints written (the final one included).
+    pub checkpoints: u64,
 }
 
 /// Per source: the position the in-memory set reflects, the last one checkpointed, and
@@ -212,8 +214,9 @@ pub async fn run(
         let mut summary = poll_loop(&parts, &mut lease, &mut positions, &mut report).await?;
         summary.loads = loads;
         // The final checkpoint: a restart then reads only what lands after it.
-        let mut seq = summary.polls;
+        let mut seq = summary.checkpoints;
         summary.final_checkpoint = Some(checkpoint(ing, spec, &mut positions, &mut seq).await?);
+        summary.checkpoints = seq;
         Ok(summary)
     }
     .await;
@@ -306,6 +309,7 @@ async fn poll_loop(
         }
         if checkpointed.elapsed() >= opts.checkpoint_every && positions.dirty() {
             r.checkpoint = Some(checkpoint(ing, spec, positions, &mut seq).await?);
+            summary.checkpoints = seq;
             checkpointed = Instant::now();
         }
         r.warning = (!warnings.is_empty()).then(|| warnings.join("; "));
