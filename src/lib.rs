@@ -10,6 +10,7 @@ pub mod fault;
 pub mod job;
 pub mod lease;
 pub mod ledger;
+pub mod ops;
 pub mod runlog;
 pub mod runner;
 pub mod schema;

@@ -1,6 +1,7 @@
 //! The `kestrel` command line: parses arguments and calls the library. Exit codes:
-//! 0 ok; 1 error (one-line reason on stderr); 3 finished, but some landed files were
-//! rejected whole or changed after processing (see the run log).
+//! 0 ok; 1 error (one-line reason on stderr); 2 bad command line; 3 finished, but some
+//! landed files were rejected whole or changed after processing (see the run log);
+//! 4 `status --check`: a gold table is staler than `--max-age`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -64,6 +65,21 @@ enum Cmd {
         /// Duplicate deliveries are removed within this much arrival time.
         #[arg(long, default_value = "26h")]
         dedup_ttl: String,
+    },
+    /// Last runs, watermarks, late and quarantined counts, and gold-table freshness.
+    Status {
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Exit 4 (naming them on stderr) if any gold table is older than --max-age.
+        #[arg(long, requires = "max_age")]
+        check: bool,
+        /// Freshness limit for --check, e.g. 15m.
+        #[arg(long)]
+        max_age: Option<String>,
+        /// Only these jobs (repeatable).
+        #[arg(long = "job")]
+        jobs: Vec<String>,
     },
     /// Generate realistic events for all four sources into the (local) landing zone.
     Demo {
@@ -132,6 +148,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             full_scan,
         } => run(cfg, sources, jobs, full_scan).await,
         Cmd::Demo { hours, scale, seed } => demo(cfg, hours, scale, seed),
+        Cmd::Status {
+            json,
+            check,
+            max_age,
+            jobs,
+        } => status(cfg, json, check, max_age, jobs).await,
         Cmd::Stream {
             job,
             interval,
@@ -398,6 +420,104 @@ async fn stream(
         summary.polls, summary.files, summary.events, summary.job_batches
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn status(
+    cfg: Config,
+    json: bool,
+    check: bool,
+    max_age: Option<String>,
+    only_jobs: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    use kestrel::ops::status;
+    let max_age = max_age
+        .map(|m| {
+            kestrel::config::parse_duration(&m)
+                .map_err(|e| anyhow::anyhow!("--max-age: expected a duration such as 15m ({e})"))
+        })
+        .transpose()?;
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+    for j in &only_jobs {
+        anyhow::ensure!(
+            all_jobs.contains_key(j),
+            "unknown job `{j}` (known: {})",
+            all_jobs.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let jobs: Vec<&kestrel::job::spec::JobSpec> = all_jobs
+        .values()
+        .filter(|j| only_jobs.is_empty() || only_jobs.contains(&j.name))
+        .collect();
+    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
+    let sources = ing.sources()?;
+    let now = chrono::Utc::now().timestamp_micros();
+    let st = status::collect(ing.warehouse(), &sources, &jobs, now).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        let d = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        println!(
+            "{:<14} {:>6} {:<21} {:<8} {:>8} {:>10} {:>11}",
+            "source", "batch", "last run", "result", "files/d", "rows/d", "quarant./d"
+        );
+        for s in &st.sources {
+            println!(
+                "{:<14} {:>6} {:<21} {:<8} {:>8} {:>10} {:>11}",
+                s.source,
+                s.last_batch.map_or("-".into(), |b| b.to_string()),
+                d(&s.last_run_at),
+                d(&s.last_status),
+                s.files_day,
+                s.rows_written_day,
+                s.quarantined_day
+            );
+        }
+        println!();
+        println!(
+            "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+            "job", "batch", "last run", "watermark", "W lag", "late/d", "corr./d"
+        );
+        for j in &st.jobs {
+            println!(
+                "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+                j.job,
+                j.last_batch.map_or("-".into(), |b| b.to_string()),
+                d(&j.last_run_at),
+                d(&j.watermark),
+                j.watermark_lag_s.map_or("-".into(), |l| format!("{l:.0}s")),
+                j.too_late_day,
+                j.corrections_day
+            );
+        }
+        println!();
+        println!("{:<28} {:<21} {:>10}", "gold table", "last commit", "age");
+        for t in &st.tables {
+            println!(
+                "{:<28} {:<21} {:>10}",
+                t.table,
+                d(&t.last_commit_at),
+                t.age_s.map_or("never".into(), |a| format!("{a:.0}s"))
+            );
+        }
+    }
+    if let (true, Some(max_age)) = (check, max_age) {
+        let stale = status::stale(&st, max_age);
+        if !stale.is_empty() {
+            eprintln!(
+                "kestrel: {} gold table(s) older than {}: {}",
+                stale.len(),
+                humantime_secs(max_age),
+                stale.join(", ")
+            );
+            return Ok(ExitCode::from(4));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn humantime_secs(d: std::time::Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 fn demo(cfg: Config, hours: f64, scale: f64, seed: u64) -> anyhow::Result<ExitCode> {

@@ -4,6 +4,7 @@
 mod common;
 mod ingest;
 mod jobs;
+mod ops;
 mod payments;
 mod s3;
 mod stockout;

@@ -1,0 +1,3 @@
+//! Operating kestrel: [`status`] (freshness, watermarks, last runs).
+
+pub mod status;

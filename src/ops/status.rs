@@ -1,0 +1,269 @@
+//! `kestrel status`: per source and job, the last run and its result, each job's
+//! watermark and how far it trails the newest event it has seen, late and quarantined
+//! counts over the last day, and the freshness of every gold table (age of its newest
+//! Delta commit) — with a check usable from cron or a monitor.
+
+use std::collections::BTreeMap;
+
+use futures::TryStreamExt;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::job::plan;
+use crate::job::spec::{JobKind, JobSpec};
+use crate::runlog;
+use crate::sink::delta::{self, Warehouse};
+use crate::time::Micros;
+
+const DAY_US: Micros = 86_400_000_000;
+
+/// One source.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SourceStatus {
+    pub source: String,
+    pub last_batch: Option<i64>,
+    pub last_run_at: Option<String>,
+    pub last_status: Option<String>,
+    /// Over the last 24 hours of runs.
+    pub files_day: i64,
+    pub rows_written_day: i64,
+    pub duplicates_day: i64,
+    pub quarantined_day: i64,
+}
+
+/// One job.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobStatus {
+    pub job: String,
+    pub last_batch: Option<i64>,
+    pub last_run_at: Option<String>,
+    pub last_status: Option<String>,
+    pub watermark: Option<String>,
+    /// The newest event time the job has seen (any source partition).
+    pub newest_event: Option<String>,
+    /// newest_event − watermark, in seconds: the delay plus whatever an idle or slow
+    /// partition holds back.
+    pub watermark_lag_s: Option<f64>,
+    /// Over the last 24 hours of runs.
+    pub too_late_day: i64,
+    pub corrections_day: i64,
+}
+
+/// One gold table.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableFreshness {
+    pub table: String,
+    pub job: String,
+    /// Time of the newest commit (None: never written).
+    pub last_commit_at: Option<String>,
+    pub age_s: Option<f64>,
+}
+
+/// Everything `kestrel status` reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Status {
+    pub now: String,
+    pub sources: Vec<SourceStatus>,
+    pub jobs: Vec<JobStatus>,
+    pub tables: Vec<TableFreshness>,
+}
+
+fn iso(us: Micros) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| us.to_string())
+}
+
+/// Per (kind, name): last batch, its finish time and status, and day sums.
+#[derive(Debug, Default)]
+struct RunSummary {
+    last_batch: i64,
+    finished_at: Micros,
+    status: String,
+    files: i64,
+    rows_written: i64,
+    duplicates: i64,
+    quarantined: i64,
+    too_late: i64,
+    corrections: i64,
+}
+
+async fn run_summaries(
+    wh: &Warehouse,
+    now: Micros,
+) -> Result<BTreeMap<(String, String), RunSummary>> {
+    let mut out = BTreeMap::new();
+    let Some(t) = wh.open(runlog::TABLE).await? else {
+        return Ok(out);
+    };
+    let ctx = delta::session_with(&t, "runs").await?;
+    let since = (now - DAY_US) as f64 / 1e6;
+    let day = |c: &str| {
+        format!(
+            "sum(CASE WHEN to_unixtime(started_at) >= {since} THEN coalesce({c}, 0) ELSE 0 END)"
+        )
+    };
+    let sql = format!(
+        "SELECT kind, name, max(batch_id), \
+         CAST(to_unixtime(max(finished_at)) * 1000000 AS BIGINT), \
+         {}, {}, {}, {}, {}, {} FROM runs GROUP BY kind, name",
+        day("files"),
+        day("rows_written"),
+        day("duplicates"),
+        day("quarantined"),
+        day("too_late"),
+        day("corrections")
+    );
+    for b in delta::sql(&ctx, &sql).await? {
+        let kind = delta::col_str(&b, 0)?;
+        let name = delta::col_str(&b, 1)?;
+        let ints: Vec<_> = (2..10)
+            .map(|i| delta::col_i64(&b, i))
+            .collect::<Result<_>>()?;
+        for r in 0..b.num_rows() {
+            let v = |i: usize| {
+                let c: &arrow::array::Int64Array = &ints[i];
+                if arrow::array::Array::is_valid(c, r) {
+                    c.value(r)
+                } else {
+                    0
+                }
+            };
+            out.insert(
+                (kind.value(r).to_string(), name.value(r).to_string()),
+                RunSummary {
+                    last_batch: v(0),
+                    finished_at: v(1),
+                    status: String::new(),
+                    files: v(2),
+                    rows_written: v(3),
+                    duplicates: v(4),
+                    quarantined: v(5),
+                    too_late: v(6),
+                    corrections: v(7),
+                },
+            );
+        }
+    }
+    // The status of each last batch.
+    let last = delta::sql(
+        &ctx,
+        "SELECT r.kind, r.name, r.status FROM runs r JOIN \
+         (SELECT kind, name, max(batch_id) AS b FROM runs GROUP BY kind, name) m \
+         ON r.kind = m.kind AND r.name = m.name AND r.batch_id = m.b",
+    )
+    .await?;
+    for b in last {
+        let (k, n, s) = (
+            delta::col_str(&b, 0)?,
+            delta::col_str(&b, 1)?,
+            delta::col_str(&b, 2)?,
+        );
+        for r in 0..b.num_rows() {
+            if let Some(x) = out.get_mut(&(k.value(r).to_string(), n.value(r).to_string())) {
+                x.status = s.value(r).to_string();
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The gold tables a job writes.
+pub fn gold_tables(spec: &JobSpec) -> Vec<String> {
+    let mut t = vec![spec.table.clone()];
+    if let JobKind::Stockout { availability_table } = &spec.kind {
+        t.push(availability_table.clone());
+    }
+    t
+}
+
+/// Collect the status of `sources` and `jobs` at `now` (micros).
+pub async fn collect(
+    wh: &Warehouse,
+    sources: &[String],
+    jobs: &[&JobSpec],
+    now: Micros,
+) -> Result<Status> {
+    let runs = run_summaries(wh, now).await?;
+    let mut status = Status {
+        now: iso(now),
+        ..Default::default()
+    };
+    for s in sources {
+        let r = runs.get(&("ingest".to_string(), s.clone()));
+        status.sources.push(SourceStatus {
+            source: s.clone(),
+            last_batch: r.map(|r| r.last_batch),
+            last_run_at: r.map(|r| iso(r.finished_at)),
+            last_status: r.map(|r| r.status.clone()),
+            files_day: r.map_or(0, |r| r.files),
+            rows_written_day: r.map_or(0, |r| r.rows_written),
+            duplicates_day: r.map_or(0, |r| r.duplicates),
+            quarantined_day: r.map_or(0, |r| r.quarantined),
+        });
+    }
+    for spec in jobs {
+        let r = runs.get(&("job".to_string(), spec.name.clone()));
+        let mut js = JobStatus {
+            job: spec.name.clone(),
+            last_batch: r.map(|r| r.last_batch),
+            last_run_at: r.map(|r| iso(r.finished_at)),
+            last_status: r.map(|r| r.status.clone()),
+            too_late_day: r.map_or(0, |r| r.too_late),
+            corrections_day: r.map_or(0, |r| r.corrections),
+            ..Default::default()
+        };
+        if let Some(r) = r {
+            if let Some(result) = plan::read_result(wh, &spec.name, r.last_batch).await? {
+                let w = result.state.watermark.current;
+                let newest = result
+                    .state
+                    .watermark
+                    .sources
+                    .values()
+                    .flat_map(|s| s.partitions.values().map(|p| p.max_event_ts))
+                    .max();
+                js.watermark = w.map(iso);
+                js.newest_event = newest.map(iso);
+                js.watermark_lag_s = match (newest, w) {
+                    (Some(n), Some(w)) => Some((n - w) as f64 / 1e6),
+                    _ => None,
+                };
+            }
+        }
+        status.jobs.push(js);
+        for table in gold_tables(spec) {
+            let last = match wh.open(&table).await? {
+                Some(t) => {
+                    let info: Vec<_> = t
+                        .history(Some(1))
+                        .try_collect()
+                        .await
+                        .map_err(|e| Error::delta(&table, e))?;
+                    info.first().and_then(|c| c.timestamp).map(|ms| ms * 1000)
+                }
+                None => None,
+            };
+            status.tables.push(TableFreshness {
+                table,
+                job: spec.name.clone(),
+                last_commit_at: last.map(iso),
+                age_s: last.map(|l| (now - l) as f64 / 1e6),
+            });
+        }
+    }
+    Ok(status)
+}
+
+/// Gold tables older than `max_age` (or never written), with why.
+pub fn stale(status: &Status, max_age: std::time::Duration) -> Vec<String> {
+    status
+        .tables
+        .iter()
+        .filter_map(|t| match t.age_s {
+            None => Some(format!("{} (never written)", t.table)),
+            Some(a) if a > max_age.as_secs_f64() => Some(format!("{} ({a:.0} s old)", t.table)),
+            _ => None,
+        })
+        .collect()
+}
