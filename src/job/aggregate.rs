@@ -90,11 +90,25 @@ pub fn project(schema: &Schema, columns: &[String]) -> Result<SchemaRef> {
 
 /// Event times of a bronze batch (micros, UTC).
 pub fn event_ts(batch: &RecordBatch) -> Result<&TimestampMicrosecondArray> {
-    let c = batch
-        .column_by_name("event_ts")
-        .ok_or_else(|| Error::Other("bronze rows without event_ts".into()))?;
+    ts_column(batch, "event_ts")
+}
+
+/// Column `name` of `b` as timestamps (micros).
+pub fn ts_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a TimestampMicrosecondArray> {
+    let c = b
+        .column_by_name(name)
+        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
     c.as_primitive_opt::<TimestampMicrosecondType>()
-        .ok_or_else(|| Error::Other(format!("event_ts has type {}", c.data_type())))
+        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
+}
+
+/// Column `name` of `b` as Utf8 strings.
+pub fn string_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
+    let c = b
+        .column_by_name(name)
+        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
+    c.as_string_opt::<i32>()
+        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
 }
 
 /// Split new rows into (applied, too late) against `cutoff` = W − lookback (None: no

@@ -19,15 +19,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Float64Array, Int64Array, RecordBatch,
-    StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, BooleanArray, Date32Array, Float64Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
 use crate::error::{Error, Result};
-use crate::job::aggregate::{event_ts, DAY, OP};
+use crate::job::aggregate::{event_ts, string_column, ts_column, DAY, OP};
 use crate::job::spec::PaymentParams;
 use crate::schema::ts_type;
 use crate::time::Micros;
@@ -90,11 +90,7 @@ impl Touches {
     pub fn keys_batch(&self) -> Result<RecordBatch> {
         let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         keys.sort_unstable();
-        let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
-        Ok(RecordBatch::try_new(
-            schema,
-            vec![Arc::new(StringArray::from(keys)) as ArrayRef],
-        )?)
+        crate::runner::read::keys_batch(keys.into_iter())
     }
 
     /// Event-time ranges `[t − horizon, t + horizon]` around every touch, merged: where
@@ -337,11 +333,7 @@ struct Facts<'a> {
 
 impl<'a> Facts<'a> {
     fn of(b: &'a RecordBatch) -> Result<Self> {
-        let ts = |name: &str| -> Result<&'a TimestampMicrosecondArray> {
-            b.column_by_name(name)
-                .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
-                .ok_or_else(|| Error::Other(format!("facts without timestamp column {name}")))
-        };
+        let ts = |name: &str| ts_column(b, name);
         Ok(Facts {
             id: string_column(b, ORDER_ID)?,
             order_ts: ts("order_ts")?,
@@ -467,17 +459,10 @@ pub fn event_days(rows: &RecordBatch) -> Result<Vec<i32>> {
     Ok(days)
 }
 
-fn string_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
-    c.as_string_opt::<i32>()
-        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::array::AsArray;
     use arrow::compute::cast;
 
     const S: Micros = 1_000_000;

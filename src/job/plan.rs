@@ -36,6 +36,16 @@ pub struct JobPlan {
     pub inputs: BTreeMap<String, Input>,
 }
 
+impl JobPlan {
+    /// The input of `source` (an error naming the plan if the plan has none).
+    pub fn input(&self, source: &str) -> Result<&Input> {
+        self.inputs.get(source).ok_or_else(|| Error::Plan {
+            path: format!("job plan {} of {}", self.batch_id, self.job),
+            reason: format!("no input for source {source}"),
+        })
+    }
+}
+
 /// The lateness cut-off applied to one range of ingestion batches: their rows with
 /// event_ts < `cutoff` were too late for the job and never enter its windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

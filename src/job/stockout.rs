@@ -24,13 +24,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch,
-    StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
-use crate::error::{Error, Result};
-use crate::job::aggregate::{event_ts, DAY};
+use crate::error::Result;
+use crate::job::aggregate::{event_ts, string_column, ts_column, DAY};
 use crate::schema::ts_type;
 use crate::time::Micros;
 
@@ -417,20 +417,6 @@ pub fn alerts_from(rows: &RecordBatch) -> Result<BTreeMap<String, Vec<Alert>>> {
             });
     }
     Ok(out)
-}
-
-fn string_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
-    c.as_string_opt::<i32>()
-        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
-}
-
-fn ts_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a TimestampMicrosecondArray> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
-        .ok_or_else(|| Error::Other(format!("rows without timestamp column {name}")))
 }
 
 #[cfg(test)]

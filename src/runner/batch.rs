@@ -497,10 +497,7 @@ impl JobRunner {
         };
         let source = &spec.sources[0];
         let schema = self.source_schema(source)?.bronze.clone();
-        let input = plan.inputs.get(source).ok_or_else(|| Error::Plan {
-            path: format!("job plan {} of {}", plan.batch_id, spec.name),
-            reason: format!("no input for source {source}"),
-        })?;
+        let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
         let bronze = self.wh.open(&bronze_path(source)).await?;
         let ctx = match &bronze {
@@ -521,34 +518,31 @@ impl JobRunner {
             }
         };
 
-        // 1. New rows; lateness is judged against W at batch start.
-        let between = read::batches_between(input.after_batch, input.upto_batch);
+        // 1. New rows; lateness is judged against W at batch start. They carry the job's
+        // input columns: applied ones join the recompute as they are, so only older rows
+        // are read again.
         let t = Instant::now();
-        // New rows with the job's input columns: applied ones join the recompute as they
-        // are, so only older rows are read again.
-        let new = read_bronze(between.clone(), input_schema.clone()).await?;
-        let read_new_ms = t.elapsed().as_millis() as u64;
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
-        let (applied, late_rows) = agg::split_late(&new, cutoff)?;
-        // Too-late rows go to the late ledger whole: read them with every column.
-        let late_rows = match cutoff {
-            Some(c) if late_rows.num_rows() > 0 => {
-                read_bronze(
-                    between.and(col("event_ts").lt(read::ts_lit(c))),
-                    schema.clone(),
-                )
-                .await?
-            }
-            _ => late_rows,
-        };
+        let NewRows {
+            new,
+            applied,
+            too_late: late_rows,
+        } = take_new_rows(
+            ctx.as_ref(),
+            "bronze",
+            source,
+            input,
+            &input_schema,
+            &schema,
+            cutoff,
+            lookback,
+            &mut state,
+        )
+        .await?;
+        let read_new_ms = t.elapsed().as_millis() as u64;
         // 2. Advance the watermark.
-        agg::observe(&mut state.watermark, source, &new)?;
         let w_after = state.watermark.advance();
-        state.positions.insert(source.clone(), input.upto_batch);
-        if let Some(c) = cutoff {
-            state.push_cutoff(source, input, c, c - lookback);
-        }
         let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
         let older = input.after_batch;
         let advanced = match (w_before, w_after) {
@@ -760,4 +754,67 @@ async fn recompute_rows(
     let filter = read::applied_in_ranges(ranges, older, cutoffs);
     let old = read::read(ctx, "bronze", filter, &schema).await?;
     Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
+}
+
+/// One source's new rows in a job batch.
+pub(super) struct NewRows {
+    /// Every new row, with the columns asked for.
+    pub(super) new: RecordBatch,
+    /// The rows applied to the job (not too late).
+    pub(super) applied: RecordBatch,
+    /// The too-late rows with every bronze column (for the late ledger).
+    pub(super) too_late: RecordBatch,
+}
+
+/// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
+/// split them against `cutoff` (W at batch start − lookback), read the too-late ones
+/// whole, and record the batch in `state`: watermark observed (not advanced), position
+/// moved, cut-off kept while later reads can reach `reach` below it. A source with no
+/// new ingestion batch, or no bronze table (`ctx` None), has no rows.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn take_new_rows(
+    ctx: Option<&SessionContext>,
+    table: &str,
+    source: &str,
+    input: &Input,
+    target: &SchemaRef,
+    bronze: &SchemaRef,
+    cutoff: Option<Micros>,
+    reach: Micros,
+    state: &mut JobState,
+) -> Result<NewRows> {
+    let empty = || NewRows {
+        new: RecordBatch::new_empty(target.clone()),
+        applied: RecordBatch::new_empty(target.clone()),
+        too_late: RecordBatch::new_empty(bronze.clone()),
+    };
+    if input.upto_batch <= input.after_batch {
+        return Ok(empty());
+    }
+    let rows = match ctx {
+        None => empty(),
+        Some(ctx) => {
+            let between = read::batches_between(input.after_batch, input.upto_batch);
+            let new = read::read(ctx, table, between.clone(), target).await?;
+            let (applied, too_late) = agg::split_late(&new, cutoff)?;
+            let too_late = match cutoff {
+                Some(c) if too_late.num_rows() > 0 => {
+                    let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
+                    read::read(ctx, table, filter, bronze).await?
+                }
+                _ => RecordBatch::new_empty(bronze.clone()),
+            };
+            NewRows {
+                new,
+                applied,
+                too_late,
+            }
+        }
+    };
+    agg::observe(&mut state.watermark, source, &rows.new)?;
+    state.positions.insert(source.to_string(), input.upto_batch);
+    if let Some(c) = cutoff {
+        state.push_cutoff(source, input, c, c - reach);
+    }
+    Ok(rows)
 }

@@ -537,19 +537,20 @@ impl Ingestor {
             .await?;
         let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
         let t_dedup = Instant::now();
+        // Against the stream's in-memory set when it keeps one (Ok), else against bronze.
         let cached = {
             let mut g = self
                 .cache
                 .lock()
                 .map_err(|_| Error::Other("dedup set lock poisoned".into()))?;
             match g.get_mut(source) {
-                Some(set) => Some(dedup_in_memory(batches.clone(), schema, set)?),
-                None => None,
+                Some(set) => Ok(dedup_in_memory(batches, schema, set)?),
+                None => Err(batches),
             }
         };
         let deduped = match cached {
-            Some(d) => d,
-            None => dedup(batches, &bronze, schema, n).await?,
+            Ok(d) => d,
+            Err(batches) => dedup(batches, &bronze, schema, n).await?,
         };
         let dedup_ms = t_dedup.elapsed().as_millis() as u64;
         let t_bronze = Instant::now();

@@ -16,9 +16,9 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
-use datafusion::prelude::{col, SessionContext};
+use datafusion::prelude::SessionContext;
 
-use super::batch::{micros, now_us, Computed, JobRunner};
+use super::batch::{micros, now_us, take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate as agg;
 use crate::job::payments::{self as pay, Stamp, Touches};
@@ -79,33 +79,28 @@ impl JobRunner {
         let mut late_parts: Vec<(&str, RecordBatch)> = Vec::new();
         let (mut rows_in, mut applied_n, mut late_n) = (0i64, 0i64, 0i64);
         for s in &spec.sources {
-            let input = plan.inputs.get(s).ok_or_else(|| Error::Plan {
-                path: format!("job plan {} of {}", plan.batch_id, spec.name),
-                reason: format!("no input for source {s}"),
-            })?;
-            if input.upto_batch <= input.after_batch {
-                continue;
-            }
             let bronze = self.source_schema(s)?.bronze.clone();
-            let between = read::batches_between(input.after_batch, input.upto_batch);
             let target = agg::project(&bronze, &touch_cols)?;
-            let new = read::read(&ctx, &table(s), between.clone(), &target).await?;
-            let (applied, too_late) = agg::split_late(&new, cutoff)?;
-            touches.add(&applied)?;
-            if let Some(c) = cutoff.filter(|_| too_late.num_rows() > 0) {
-                let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
-                let whole = read::read(&ctx, &table(s), filter, &bronze).await?;
-                late_parts.push((s.as_str(), whole));
+            // Reads reach back at most business window + horizon before a cut-off.
+            let rows = take_new_rows(
+                Some(&ctx),
+                &table(s),
+                s,
+                plan.input(s)?,
+                &target,
+                &bronze,
+                cutoff,
+                window + horizon,
+                &mut state,
+            )
+            .await?;
+            touches.add(&rows.applied)?;
+            rows_in += rows.new.num_rows() as i64;
+            applied_n += rows.applied.num_rows() as i64;
+            late_n += rows.too_late.num_rows() as i64;
+            if rows.too_late.num_rows() > 0 {
+                late_parts.push((s.as_str(), rows.too_late));
             }
-            agg::observe(&mut state.watermark, s, &new)?;
-            state.positions.insert(s.clone(), input.upto_batch);
-            if let Some(c) = cutoff {
-                // Reads reach back at most business window + horizon before a cut-off.
-                state.push_cutoff(s, input, c, c - window - horizon);
-            }
-            rows_in += new.num_rows() as i64;
-            applied_n += applied.num_rows() as i64;
-            late_n += too_late.num_rows() as i64;
         }
         // 2. Advance the watermark (min over both sources).
         let w_after = state.watermark.advance();
@@ -185,11 +180,6 @@ impl JobRunner {
             watermark_before: w_before,
             watermark_after: w_after,
         };
-        let rows = if out.rows.num_rows() > 0 {
-            vec![out.rows]
-        } else {
-            Vec::new()
-        };
         Ok(Computed {
             result: JobResult {
                 job: spec.name.clone(),
@@ -201,7 +191,7 @@ impl JobRunner {
             gold: vec![self.gold_output(
                 spec,
                 schema,
-                rows,
+                vec![out.rows],
                 pay::ORDER_DATE,
                 days.into_iter()
                     .map(|d| ScalarValue::Date32(Some(d)))
@@ -254,22 +244,22 @@ impl JobRunner {
         horizon: i64,
     ) -> Result<(RecordBatch, Vec<i32>)> {
         let (orders, payments) = (&spec.sources[0], &spec.sources[1]);
+        // Ranges and keys are the same for both sources.
+        let ranges = touches.ranges(horizon);
+        let keys = touches.keys_batch()?;
         let read_side = |source: &str, cols: &[&str]| {
             let source = source.to_string();
             let cols = columns(cols);
+            let (ranges, keys) = (&ranges, &keys);
             async move {
                 let bronze = self.source_schema(&source)?.bronze.clone();
                 let target = agg::project(&bronze, &cols)?;
                 if touches.is_empty() {
                     return Ok::<_, Error>(RecordBatch::new_empty(target));
                 }
-                let filter = read::applied_in_ranges(
-                    &touches.ranges(horizon),
-                    upto(state, &source),
-                    cutoffs(state, &source),
-                );
-                let keys = touches.keys_batch()?;
-                read::read_keys(ctx, &table(&source), filter, "order_id", &keys, &target).await
+                let filter =
+                    read::applied_in_ranges(ranges, upto(state, &source), cutoffs(state, &source));
+                read::read_keys(ctx, &table(&source), filter, "order_id", keys, &target).await
             }
         };
         let o = read_side(orders, &pay::ORDER_INPUT).await?;

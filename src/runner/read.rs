@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::compute::{cast, concat_batches};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::JoinType;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, lit, DataFrame, Expr, SessionContext};
@@ -101,8 +101,15 @@ pub async fn read(
     collect(df, &what, target).await
 }
 
-/// Like [`read`], restricted to rows whose `key` column is one of `keys` (a one-column
-/// batch named `_key`): a semi join in the same plan, so the filter prunes files first.
+/// A one-column batch `_key` of `keys`, for [`read_keys`].
+pub fn keys_batch<'a>(keys: impl Iterator<Item = &'a str>) -> Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
+    let arr: ArrayRef = Arc::new(StringArray::from_iter_values(keys));
+    Ok(RecordBatch::try_new(schema, vec![arr])?)
+}
+
+/// Like [`read`], restricted to rows whose `key` column is one of `keys` (a batch made by
+/// [`keys_batch`]): a semi join in the same plan, so the filter prunes files first.
 pub async fn read_keys(
     ctx: &SessionContext,
     name: &str,

@@ -11,15 +11,14 @@
 //! `c`'s date on; the touched skus' state by bucket.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, Expr};
 
-use super::batch::{app_id, micros, now_us, Computed, GoldRows, JobRunner};
-use crate::error::{Error, Result};
+use super::batch::{app_id, micros, now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
+use crate::error::Result;
 use crate::job::aggregate as agg;
 use crate::job::plan::{JobCounts, JobPlan, JobResult, JobState};
 use crate::job::spec::JobSpec;
@@ -35,11 +34,9 @@ fn columns(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-/// A one-column `_key` batch of skus (for semi joins).
+/// A `_key` batch of skus (for semi joins).
 fn keys_batch<'a>(skus: impl Iterator<Item = &'a String>) -> Result<RecordBatch> {
-    let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
-    let arr: ArrayRef = Arc::new(StringArray::from_iter_values(skus));
-    Ok(RecordBatch::try_new(schema, vec![arr])?)
+    read::keys_batch(skus.map(String::as_str))
 }
 
 impl JobRunner {
@@ -52,10 +49,7 @@ impl JobRunner {
     ) -> Result<Computed> {
         let source = &spec.sources[0];
         let bronze = self.source_schema(source)?.bronze.clone();
-        let input = plan.inputs.get(source).ok_or_else(|| Error::Plan {
-            path: format!("job plan {} of {}", plan.batch_id, spec.name),
-            reason: format!("no input for source {source}"),
-        })?;
+        let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
         let now = now_us();
         let ctx = match self.wh.open(&bronze_path(source)).await? {
@@ -76,30 +70,36 @@ impl JobRunner {
         // 1. New rows: too-late ones aside; advance the watermark.
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
-        let between = read::batches_between(input.after_batch, input.upto_batch);
         let mut new_cols = columns(&so::INPUT);
         new_cols.extend(columns(&["_source_partition", "_landed_at"]));
         let t = std::time::Instant::now();
-        let new = read_bronze(between.clone(), agg::project(&bronze, &new_cols)?).await?;
+        // Every read of this job starts at or after the batch's cut-off.
+        let NewRows {
+            new,
+            applied,
+            too_late,
+        } = take_new_rows(
+            ctx.as_ref(),
+            "bronze",
+            source,
+            input,
+            &agg::project(&bronze, &new_cols)?,
+            &bronze,
+            cutoff,
+            0,
+            &mut state,
+        )
+        .await?;
         let read_new_ms = t.elapsed().as_millis() as u64;
-        let (applied, too_late) = agg::split_late(&new, cutoff)?;
         let late_rows = match cutoff {
             Some(c) if too_late.num_rows() > 0 => {
-                let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
-                let whole = read_bronze(filter, bronze.clone()).await?;
                 let w = w_before.unwrap_or(c);
                 let why = late::reason(w, spec.time.lookback);
-                Some(late::rows(&whole, plan.batch_id, w, c, &why, now)?)
+                Some(late::rows(&too_late, plan.batch_id, w, c, &why, now)?)
             }
             _ => None,
         };
-        agg::observe(&mut state.watermark, source, &new)?;
         let w_after = state.watermark.advance();
-        state.positions.insert(source.clone(), input.upto_batch);
-        if let Some(c) = cutoff {
-            // Every read of this job starts at or after the batch's cut-off.
-            state.push_cutoff(source, input, c, c);
-        }
         let upto = input.upto_batch;
         let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
         let cutoff_after = w_after.map(|w| w - lookback);
@@ -263,17 +263,10 @@ impl JobRunner {
             });
         let alerts = so::alert_rows(&changes, plan.batch_id, now)?;
         let availability = so::availability_rows(&next, plan.batch_id, now)?;
-        let non_empty = |b: RecordBatch| {
-            if b.num_rows() > 0 {
-                vec![b]
-            } else {
-                Vec::new()
-            }
-        };
         let mut alerts_out = self.gold_output(
             spec,
             so::alerts_schema(),
-            non_empty(alerts),
+            vec![alerts],
             so::ALERT_DATE,
             Vec::new(),
         );
@@ -285,7 +278,7 @@ impl JobRunner {
                 app: format!("{}-availability", app_id(&spec.name)),
                 keys: vec![("sku".to_string(), false)],
                 schema: so::availability_schema(),
-                rows: non_empty(availability),
+                rows: vec![availability],
                 partition: so::BUCKET,
                 extra_partitions: Vec::new(),
                 append_only: false,
