@@ -102,6 +102,29 @@ pub(super) struct Computed {
     pub(super) gold: Vec<GoldRows>,
 }
 
+impl Computed {
+    /// The batch `plan` computed: its durable result (state after it, counts) and the
+    /// rows to commit.
+    pub(super) fn new(
+        plan: &JobPlan,
+        state: JobState,
+        counts: JobCounts,
+        late: Option<RecordBatch>,
+        gold: Vec<GoldRows>,
+    ) -> Self {
+        Computed {
+            result: JobResult {
+                job: plan.job.clone(),
+                batch_id: plan.batch_id,
+                state,
+                counts,
+            },
+            late,
+            gold,
+        }
+    }
+}
+
 /// Merge-source rows for one gold table.
 pub(super) struct GoldRows {
     pub(super) table: String,
@@ -665,16 +688,13 @@ impl JobRunner {
             watermark_before: w_before,
             watermark_after: w_after,
         };
-        Ok(Computed {
-            result: JobResult {
-                job: spec.name.clone(),
-                batch_id: plan.batch_id,
-                state,
-                counts,
-            },
+        Ok(Computed::new(
+            plan,
+            state,
+            counts,
             late,
-            gold: vec![self.gold_output(spec, gold.0, gold.1, GOLD_PARTITION, Vec::new())],
-        })
+            vec![self.gold_output(spec, gold.0, gold.1, GOLD_PARTITION, Vec::new())],
+        ))
     }
 
     /// Existing gold sessions ending at or after `lo` and starting at or before `hi`,

@@ -22,7 +22,7 @@ use super::batch::{micros, now_us, take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate as agg;
 use crate::job::payments::{self as pay, Stamp, Touches};
-use crate::job::plan::{JobCounts, JobPlan, JobResult, JobState};
+use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
 use crate::runner::ingest::bronze_path;
 use crate::runner::read;
@@ -180,15 +180,12 @@ impl JobRunner {
             watermark_before: w_before,
             watermark_after: w_after,
         };
-        Ok(Computed {
-            result: JobResult {
-                job: spec.name.clone(),
-                batch_id: plan.batch_id,
-                state,
-                counts,
-            },
+        Ok(Computed::new(
+            plan,
+            state,
+            counts,
             late,
-            gold: vec![self.gold_output(
+            vec![self.gold_output(
                 spec,
                 schema,
                 vec![out.rows],
@@ -197,7 +194,7 @@ impl JobRunner {
                     .map(|d| ScalarValue::Date32(Some(d)))
                     .collect(),
             )],
-        })
+        ))
     }
 
     /// The touched order_ids that have a gold row in the partitions of `days`.

@@ -20,7 +20,7 @@ use datafusion::prelude::{col, Expr};
 use super::batch::{app_id, micros, now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
 use crate::job::aggregate as agg;
-use crate::job::plan::{JobCounts, JobPlan, JobResult, JobState};
+use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::JobSpec;
 use crate::job::stockout::{self as so, AlertChanges, Event, SkuState, Start};
 use crate::runner::ingest::bronze_path;
@@ -284,16 +284,7 @@ impl JobRunner {
                 append_only: false,
             },
         ];
-        Ok(Computed {
-            result: JobResult {
-                job: spec.name.clone(),
-                batch_id: plan.batch_id,
-                state,
-                counts,
-            },
-            late: late_rows,
-            gold,
-        })
+        Ok(Computed::new(plan, state, counts, late_rows, gold))
     }
 
     /// The state of `skus` from the availability table (absent skus have none yet).
