@@ -40,6 +40,49 @@ impl Default for IngestConfig {
     }
 }
 
+/// The daemon's timetable and HTTP endpoint (`[schedule]`).
+#[derive(Debug, Clone)]
+pub struct ScheduleConfig {
+    /// Cron (6 fields, UTC) for ingesting every source.
+    pub ingest: String,
+    /// Cron (6 fields, UTC) for the daily maintenance slot (`kestrel maintain`).
+    pub maintenance: String,
+    /// `host:port` for `/healthz` and `/metrics`; None (the default) serves nothing.
+    pub http: Option<String>,
+    /// How long the daemon's single-instance lease lasts unless renewed.
+    pub lease_ttl: Duration,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            ingest: "0 */5 * * * *".into(),
+            maintenance: "0 30 3 * * *".into(),
+            http: None,
+            lease_ttl: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Table maintenance (`[maintain]`).
+#[derive(Debug, Clone)]
+pub struct MaintainConfig {
+    /// Vacuum deletes files unreferenced for longer than this. Keep it above the
+    /// longest batch and the slowest reader of an old table version.
+    pub retention: Duration,
+    /// Compaction's target file size in bytes.
+    pub target_file_size: u64,
+}
+
+impl Default for MaintainConfig {
+    fn default() -> Self {
+        MaintainConfig {
+            retention: Duration::from_secs(7 * 86_400),
+            target_file_size: 128 * 1024 * 1024,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -57,6 +100,10 @@ pub struct Config {
     pub jobs_dir: PathBuf,
     /// Ingestion settings.
     pub ingest: IngestConfig,
+    /// Daemon settings.
+    pub schedule: ScheduleConfig,
+    /// Table maintenance settings.
+    pub maintain: MaintainConfig,
 }
 
 impl Config {
@@ -70,6 +117,8 @@ impl Config {
             schemas_dir: base.join("schemas"),
             jobs_dir: base.join("jobs"),
             ingest: IngestConfig::default(),
+            schedule: ScheduleConfig::default(),
+            maintain: MaintainConfig::default(),
         }
     }
 
@@ -128,6 +177,8 @@ impl Config {
             "jobs",
             "storage",
             "ingest",
+            "schedule",
+            "maintain",
         ];
         for (key, value) in &table {
             match key.as_str() {
@@ -155,6 +206,18 @@ impl Config {
                         .as_table()
                         .ok_or_else(|| Error::config(file, key, "a table [ingest]"))?;
                     parse_ingest(file, t, &mut cfg.ingest)?;
+                }
+                "schedule" => {
+                    let t = value
+                        .as_table()
+                        .ok_or_else(|| Error::config(file, key, "a table [schedule]"))?;
+                    parse_schedule(file, t, &mut cfg.schedule)?;
+                }
+                "maintain" => {
+                    let t = value
+                        .as_table()
+                        .ok_or_else(|| Error::config(file, key, "a table [maintain]"))?;
+                    parse_maintain(file, t, &mut cfg.maintain)?;
                 }
                 other => {
                     return Err(Error::config(
@@ -248,11 +311,7 @@ fn parse_ingest(file: &str, t: &toml::Table, ingest: &mut IngestConfig) -> Resul
             "max_files_per_batch" => ingest.max_files_per_batch = positive(file, &field, value)? as usize,
             "max_bytes_per_batch" => ingest.max_bytes_per_batch = positive(file, &field, value)?,
             "full_scan_every" => ingest.full_scan_every = positive(file, &field, value)?,
-            "lease_ttl" => {
-                let s = string(file, &field, value, "a duration such as \"10m\"")?;
-                ingest.lease_ttl = parse_duration(s)
-                    .map_err(|e| Error::config(file, &field, format!("a duration such as \"10m\" ({e})")))?;
-            }
+            "lease_ttl" => ingest.lease_ttl = duration(file, &field, value)?,
             "sources" => {
                 let arr = value.as_array().ok_or_else(|| {
                     Error::config(file, &field, "an array of source names")
@@ -268,6 +327,84 @@ fn parse_ingest(file: &str, t: &toml::Table, ingest: &mut IngestConfig) -> Resul
                     file,
                     format!("ingest.{other}"),
                     "one of max_files_per_batch, max_bytes_per_batch, full_scan_every, lease_ttl, sources",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn duration(file: &str, field: &str, value: &toml::Value) -> Result<Duration> {
+    let s = string(file, field, value, "a duration such as \"10m\"")?;
+    parse_duration(s)
+        .map_err(|e| Error::config(file, field, format!("a duration such as \"10m\" ({e})")))
+}
+
+/// Check a 6-field cron expression (`sec min hour dom month dow`, UTC).
+pub fn check_cron(expr: &str) -> std::result::Result<(), String> {
+    if expr.split_whitespace().count() < 6 {
+        return Err(format!(
+            "a 6-field cron `sec min hour dom month dow`, e.g. \"0 */5 * * * *\", got {expr:?}"
+        ));
+    }
+    tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
+        .map(|_| ())
+        .map_err(|e| format!("a valid cron expression, got {expr:?} ({e:?})"))
+}
+
+fn parse_schedule(file: &str, t: &toml::Table, s: &mut ScheduleConfig) -> Result<()> {
+    for (key, value) in t {
+        let field = format!("schedule.{key}");
+        match key.as_str() {
+            "ingest" | "maintenance" => {
+                let expr = string(file, &field, value, "a 6-field cron string")?;
+                check_cron(expr).map_err(|e| Error::config(file, &field, e))?;
+                if key == "ingest" {
+                    s.ingest = expr.to_string();
+                } else {
+                    s.maintenance = expr.to_string();
+                }
+            }
+            "http" => {
+                let addr = string(file, &field, value, "an address such as \"127.0.0.1:9464\"")?;
+                addr.parse::<std::net::SocketAddr>().map_err(|e| {
+                    Error::config(
+                        file,
+                        &field,
+                        format!("an address such as \"127.0.0.1:9464\", got {addr:?} ({e})"),
+                    )
+                })?;
+                s.http = Some(addr.to_string());
+            }
+            "lease_ttl" => {
+                s.lease_ttl = duration(file, &field, value)?;
+                if s.lease_ttl < Duration::from_secs(5) {
+                    return Err(Error::config(file, &field, "a duration of at least 5s"));
+                }
+            }
+            other => {
+                return Err(Error::config(
+                    file,
+                    format!("schedule.{other}"),
+                    "one of ingest, maintenance, http, lease_ttl",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_maintain(file: &str, t: &toml::Table, m: &mut MaintainConfig) -> Result<()> {
+    for (key, value) in t {
+        let field = format!("maintain.{key}");
+        match key.as_str() {
+            "retention" => m.retention = duration(file, &field, value)?,
+            "target_file_size" => m.target_file_size = positive(file, &field, value)?,
+            other => {
+                return Err(Error::config(
+                    file,
+                    format!("maintain.{other}"),
+                    "one of retention, target_file_size",
                 ))
             }
         }

@@ -7,6 +7,26 @@
 /// Environment variable naming the fault points.
 pub const ENV: &str = "KESTREL_FAULT";
 
+/// Environment variable naming points to pause at: `KESTREL_DELAY=<point>:<ms>[,…]`
+/// (tests of overlapping runs and of shutdown in the middle of a batch).
+pub const DELAY_ENV: &str = "KESTREL_DELAY";
+
+/// Pause (without blocking the thread) if `point` is named in `KESTREL_DELAY`.
+pub async fn pause(point: &str) {
+    let Ok(v) = std::env::var(DELAY_ENV) else {
+        return;
+    };
+    for d in v.split(',') {
+        if let Some((p, ms)) = d.split_once(':') {
+            if p.trim() == point {
+                let ms = ms.trim().parse::<u64>().unwrap_or(0);
+                tracing::info!(point, ms, "fault injection: pausing");
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
+        }
+    }
+}
+
 /// Kill the process with SIGKILL if `point` is named in `KESTREL_FAULT`.
 pub fn point(point: &str) {
     let Ok(v) = std::env::var(ENV) else { return };

@@ -81,6 +81,32 @@ enum Cmd {
         #[arg(long = "job")]
         jobs: Vec<String>,
     },
+    /// Run as a daemon: ingestion, every job on its cron schedule and a daily maintenance
+    /// slot ([schedule] in kestrel.toml). Stops cleanly on SIGTERM or Ctrl-C.
+    Schedule {
+        /// Serve /healthz and /metrics on this address (overrides [schedule] http).
+        #[arg(long)]
+        http: Option<String>,
+        /// Wait for another daemon on the same warehouse to stop instead of exiting.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Compact closed date partitions of every table, write Delta checkpoints and vacuum
+    /// files older than the retention ([maintain] in kestrel.toml).
+    Maintain {
+        /// Vacuum retention, overriding [maintain] retention (e.g. 7d).
+        #[arg(long)]
+        retention: Option<String>,
+        /// Checkpoint and vacuum only.
+        #[arg(long)]
+        no_compact: bool,
+        /// Compact and checkpoint only.
+        #[arg(long)]
+        no_vacuum: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Generate realistic events for all four sources into the (local) landing zone.
     Demo {
         /// Hours of event time, ending now.
@@ -154,6 +180,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             max_age,
             jobs,
         } => status(cfg, json, check, max_age, jobs).await,
+        Cmd::Schedule { http, wait } => schedule(cfg, http, wait).await,
+        Cmd::Maintain {
+            retention,
+            no_compact,
+            no_vacuum,
+            json,
+        } => maintain(cfg, retention, no_compact, no_vacuum, json).await,
         Cmd::Stream {
             job,
             interval,
@@ -181,7 +214,14 @@ async fn run(
         );
     }
     let lease_ttl = cfg.ingest.lease_ttl;
-    let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions { full_scan })?;
+    let ing = Ingestor::with_schemas(
+        cfg,
+        schemas.clone(),
+        IngestOptions {
+            full_scan,
+            ..Default::default()
+        },
+    )?;
     let all = ing.sources()?;
     let sources: Vec<String> = if only.is_empty() {
         all
@@ -327,7 +367,7 @@ async fn stream(
     idle_polls: Option<u64>,
     dedup_ttl: String,
 ) -> anyhow::Result<ExitCode> {
-    use kestrel::runner::stream::{self, StopFlag, StreamOptions};
+    use kestrel::runner::stream::{self, StreamOptions};
     let dedup_ttl = kestrel::config::parse_duration(&dedup_ttl)
         .map_err(|e| anyhow::anyhow!("--dedup-ttl: expected a duration such as 26h ({e})"))?;
     let interval = kestrel::config::parse_duration(&interval)
@@ -348,23 +388,7 @@ async fn stream(
     let lease_ttl = cfg.ingest.lease_ttl;
     let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
     let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
-    let stop = StopFlag::default();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(t) => t,
-                    Err(_) => return,
-                };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
-                _ = term.recv() => {},
-            }
-            eprintln!("kestrel: stopping after the current poll");
-            stop.stop();
-        });
-    }
+    let stop = stop_on_signal("after the current poll");
     let opts = StreamOptions {
         interval,
         max_polls,
@@ -514,6 +538,193 @@ async fn status(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A stop flag set by the first SIGTERM or Ctrl-C; a second one exits at once (safe:
+/// every batch resumes exactly from its durable plan).
+fn stop_on_signal(what: &'static str) -> kestrel::runner::StopFlag {
+    let stop = kestrel::runner::StopFlag::default();
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            return;
+        };
+        let mut signals = 0;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            signals += 1;
+            if signals == 1 {
+                eprintln!("kestrel: stopping {what} (again to exit at once)");
+                flag.stop();
+            } else {
+                eprintln!("kestrel: exiting now; the interrupted batch resumes on the next start");
+                std::process::exit(130);
+            }
+        }
+    });
+    stop
+}
+
+async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::Result<ExitCode> {
+    use kestrel::ops::metrics::Outcome;
+    use kestrel::runner::schedule::{Daemon, Event, ScheduleOptions};
+    if let Some(addr) = http {
+        addr.parse::<std::net::SocketAddr>().map_err(|e| {
+            anyhow::anyhow!("--http: expected an address such as 127.0.0.1:9464 ({e})")
+        })?;
+        cfg.schedule.http = Some(addr);
+    }
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    let jobs: Vec<kestrel::job::spec::JobSpec> =
+        kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas)
+            .await?
+            .into_values()
+            .collect();
+    let stop = stop_on_signal("after the running batches");
+    let opts = ScheduleOptions {
+        config: cfg.schedule.clone(),
+        maintain: kestrel::ops::maintain::MaintainOptions {
+            config: cfg.maintain.clone(),
+            today: 0,
+            lease_ttl: cfg.ingest.lease_ttl,
+            no_compact: false,
+            no_vacuum: false,
+        },
+        wait,
+    };
+    let lease_ttl = cfg.ingest.lease_ttl;
+    let ing = Ingestor::with_schemas(
+        cfg,
+        schemas.clone(),
+        IngestOptions {
+            stop: Some(stop.clone()),
+            ..Default::default()
+        },
+    )?;
+    let runner =
+        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_stop(stop.clone());
+    let daemon = Daemon::new(ing, runner, jobs, opts, stop, |e| {
+        let ts = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");
+        match e {
+            Event::Started { owner, http, tasks } => {
+                println!("{ts} scheduler {owner} started; SIGTERM or Ctrl-C stops it cleanly");
+                for (t, cron) in tasks {
+                    println!("{ts}   {t:<24} {cron}");
+                }
+                if let Some(a) = http {
+                    println!("{ts} serving http://{a}/healthz and http://{a}/metrics");
+                }
+            }
+            Event::Waiting { holder } => {
+                println!("{ts} waiting for the running scheduler ({holder}) to stop");
+            }
+            Event::Run {
+                task,
+                outcome,
+                summary,
+                duration,
+            } => {
+                let what = match outcome {
+                    Outcome::Ok => "ok",
+                    Outcome::Failed => "FAILED",
+                    Outcome::Skipped => "skipped",
+                };
+                println!(
+                    "{ts} {task}: {what} in {:.1}s: {summary}",
+                    duration.as_secs_f64()
+                );
+            }
+            Event::Stopping { running } => {
+                println!(
+                    "{ts} stopping: waiting for {} to finish its batch",
+                    running.join(", ")
+                );
+            }
+        }
+    })?;
+    let summary = daemon.run().await?;
+    println!(
+        "scheduler stopped: {} runs ok, {} failed, {} skipped (previous run still going)",
+        summary.ok, summary.failed, summary.skipped
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn maintain(
+    mut cfg: Config,
+    retention: Option<String>,
+    no_compact: bool,
+    no_vacuum: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use kestrel::ops::maintain;
+    if let Some(r) = retention {
+        cfg.maintain.retention = kestrel::config::parse_duration(&r)
+            .map_err(|e| anyhow::anyhow!("--retention: expected a duration such as 7d ({e})"))?;
+    }
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+    let jobs: Vec<kestrel::job::spec::JobSpec> = all_jobs.into_values().collect();
+    let opts = maintain::MaintainOptions {
+        config: cfg.maintain.clone(),
+        today: (chrono::Utc::now().timestamp().div_euclid(86_400)) as i32,
+        lease_ttl: cfg.ingest.lease_ttl,
+        no_compact,
+        no_vacuum,
+    };
+    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
+    let sources = ing.sources()?;
+    let bar = progress_bar(
+        jobs.len() as u64 * 2 + sources.len() as u64 * 2 + 2,
+        "maintain",
+    );
+    let report = maintain::run(ing.warehouse(), &sources, &jobs, &opts, |t| {
+        bar.set_message(t.table.clone());
+        bar.inc(1);
+    })
+    .await?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{:<32} {:>7} {:>7} {:>10} {:>8} {:>7}  note",
+            "table", "files", "after", "partitions", "vacuumed", "ms"
+        );
+        for t in &report.tables {
+            println!(
+                "{:<32} {:>7} {:>7} {:>10} {:>8} {:>7}  {}",
+                t.table,
+                t.files_before,
+                t.files_after,
+                t.partitions_compacted,
+                t.files_vacuumed,
+                t.duration_ms,
+                t.skipped.clone().unwrap_or_default()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar on a terminal; hidden otherwise (log lines carry the progress).
+fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(what.to_string());
+    bar
 }
 
 fn humantime_secs(d: std::time::Duration) -> String {

@@ -253,17 +253,7 @@ pub async fn parse(
         return Err(top.err("name", "a lower-case identifier (letters, digits, _)"));
     }
     let schedule = top.str("schedule")?.to_string();
-    if schedule.split_whitespace().count() < 6 {
-        return Err(top.err(
-            "schedule",
-            format!("a 6-field cron `sec min hour dom month dow`, e.g. \"0 */5 * * * *\", got {schedule:?}"),
-        ));
-    }
-    if let Err(e) =
-        tokio_cron_scheduler::Job::new_async(schedule.as_str(), |_, _| Box::pin(async {}))
-    {
-        return Err(top.err("schedule", format!("a valid cron expression ({e:?})")));
-    }
+    crate::config::check_cron(&schedule).map_err(|e| top.err("schedule", e))?;
     let sources = top
         .list("sources")?
         .ok_or_else(|| top.err("sources", "a list of source names"))?;

@@ -1,3 +1,8 @@
-//! Operating kestrel: [`status`] (freshness, watermarks, last runs).
+//! Operating kestrel: [`status`] (freshness, watermarks, last runs), [`maintain`]
+//! (compaction, checkpoints, vacuum), [`metrics`] and [`http`] (the daemon's
+//! `/healthz` and `/metrics`).
 
+pub mod http;
+pub mod maintain;
+pub mod metrics;
 pub mod status;

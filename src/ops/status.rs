@@ -54,7 +54,8 @@ pub struct JobStatus {
 pub struct TableFreshness {
     pub table: String,
     pub job: String,
-    /// Time of the newest commit (None: never written).
+    /// Time of the newest commit that wrote data (None: never written); compaction and
+    /// vacuum commits are not counted.
     pub last_commit_at: Option<String>,
     pub age_s: Option<f64>,
 }
@@ -235,12 +236,20 @@ pub async fn collect(
         for table in gold_tables(spec) {
             let last = match wh.open(&table).await? {
                 Some(t) => {
+                    // Freshness is about data: compaction and vacuum commits don't count.
                     let info: Vec<_> = t
-                        .history(Some(1))
+                        .history(Some(10))
                         .try_collect()
                         .await
                         .map_err(|e| Error::delta(&table, e))?;
-                    info.first().and_then(|c| c.timestamp).map(|ms| ms * 1000)
+                    info.iter()
+                        .find(|c| {
+                            !c.operation
+                                .as_deref()
+                                .is_some_and(|op| op == "OPTIMIZE" || op.starts_with("VACUUM"))
+                        })
+                        .and_then(|c| c.timestamp)
+                        .map(|ms| ms * 1000)
                 }
                 None => None,
             };

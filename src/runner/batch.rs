@@ -163,6 +163,7 @@ pub struct JobRunner {
     schemas: BTreeMap<String, Arc<SourceSchema>>,
     run_id: String,
     lease_ttl: std::time::Duration,
+    stop: Option<super::StopFlag>,
 }
 
 impl JobRunner {
@@ -177,7 +178,14 @@ impl JobRunner {
             schemas,
             run_id: uuid::Uuid::new_v4().to_string(),
             lease_ttl,
+            stop: None,
         }
+    }
+
+    /// Stop between batches once `stop` is set (a batch in progress completes).
+    pub fn with_stop(mut self, stop: super::StopFlag) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// Run every batch of `spec` that newly ingested data allows.
@@ -205,6 +213,10 @@ impl JobRunner {
         let mut state = self.state_before(spec, done + 1).await?;
         loop {
             if !report.batches.is_empty() {
+                if self.stop.as_ref().is_some_and(|s| s.stopped()) {
+                    info!(job = %spec.name, "stopping between batches");
+                    break;
+                }
                 lease.renew(self.lease_ttl).await?;
             }
             let n = done + 1;
@@ -340,6 +352,7 @@ impl JobRunner {
             }
         };
         let compute_ms = t0.elapsed().as_millis();
+        fault::pause("job_after_compute").await;
         fault::point("job_after_compute");
         let counts = computed.result.counts.clone();
         if let (Some(rows), LatePolicy::SideOutput) = (&computed.late, spec.time.late_policy) {

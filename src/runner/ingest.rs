@@ -58,6 +58,8 @@ pub fn app_id(source: &str) -> String {
 pub struct IngestOptions {
     /// List every landed file (not only names after the cursors).
     pub full_scan: bool,
+    /// When set, stop between batches (the daemon's graceful shutdown).
+    pub stop: Option<super::StopFlag>,
 }
 
 /// What one run did for one source (all its batches).
@@ -303,6 +305,10 @@ impl Ingestor {
         let mut full_scan_done = false;
         loop {
             if !report.batches.is_empty() {
+                if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+                    info!(source, "stopping between batches");
+                    break;
+                }
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
             }
             let last = runlog::last_batch(&self.wh, "ingest", source).await?;

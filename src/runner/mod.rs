@@ -1,10 +1,30 @@
 //! Runners decide when work happens: ingestion of landed files ([`ingest`]) and job
-//! micro-batches ([`batch`]), one batch at a time; [`read`] holds the bronze reads jobs use.
+//! micro-batches ([`batch`]), one batch at a time; [`read`] holds the bronze reads jobs
+//! use; [`schedule`] is the daemon, [`stream`] the always-on mode, [`backfill`] replays
+//! date ranges.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub mod batch;
 pub mod checkpoint;
 pub mod ingest;
 mod payments;
 pub mod read;
+pub mod schedule;
 mod stockout;
 pub mod stream;
+
+/// Shared flag: set it (on SIGTERM / Ctrl-C) to stop between batches or polls; work in
+/// progress completes its commits first.
+#[derive(Debug, Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}

@@ -23,8 +23,6 @@
 //! polls; a poll in progress completes its commits first.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::warn;
@@ -35,24 +33,12 @@ use crate::lease::Lease;
 use crate::runner::batch::JobRunner;
 use crate::runner::checkpoint as ckpt;
 use crate::runner::ingest::{DedupLoad, Ingestor};
+pub use crate::runner::StopFlag;
 use crate::time::Micros;
 
 /// Name of the lease a stream holds for `job`.
 pub fn lease_name(job: &str) -> String {
     format!("stream-{job}")
-}
-
-/// Shared flag: set it to stop the stream after the current poll.
-#[derive(Debug, Clone, Default)]
-pub struct StopFlag(Arc<AtomicBool>);
-
-impl StopFlag {
-    pub fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    pub fn stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// How the stream runs.

@@ -219,3 +219,19 @@ pub fn gzip(data: &[u8]) -> Vec<u8> {
     e.write_all(data).unwrap();
     e.finish().unwrap()
 }
+
+/// The Python with deltalake, polars and duckdb that `.ci/run` installs. In CI it must
+/// exist; elsewhere the interop half of the test is skipped with a message.
+pub fn python_for_interop() -> Option<String> {
+    match std::env::var("KESTREL_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must set KESTREL_PYTHON (see .ci/run)"
+            );
+            eprintln!("KESTREL_PYTHON not set: skipping the independent-reader half of this test");
+            None
+        }
+    }
+}

@@ -627,22 +627,6 @@ fn demo_then_run_and_independent_readers_agree() {
     }
 }
 
-/// The Python with deltalake, polars and duckdb that `.ci/run` installs. In CI it must
-/// exist; elsewhere the interop half of the test is skipped with a message.
-fn python_for_interop() -> Option<String> {
-    match std::env::var("KESTREL_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI must set KESTREL_PYTHON (see .ci/run)"
-            );
-            eprintln!("KESTREL_PYTHON not set: skipping the independent-reader half of this test");
-            None
-        }
-    }
-}
-
 /// Two `kestrel run`s started together on one warehouse: the lease lets one ingest and
 /// turns the other away (or it finds nothing left); bronze holds every event once.
 #[test]

@@ -83,3 +83,447 @@ fn status_reports_runs_watermarks_and_freshness_and_checks_it() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("gold/revenue_5m ("), "{err}");
 }
+
+/// Orders spread over one closed day, landed one file per run: many small files per
+/// partition, which `maintain` compacts to one without changing a row; the next run
+/// reads only its new rows (compaction commits carry no new ingestion batch), and a late
+/// correction MERGEs into the compacted partition.
+#[test]
+fn maintain_compacts_closed_partitions_checkpoints_and_vacuums_without_changing_data() {
+    let env = Env::new();
+    for k in 0..6 {
+        env.land(
+            &format!("orders/f{k}.ndjson"),
+            &lines(&[
+                order(
+                    &format!("o{k}a"),
+                    T0 + k * 300 + 10,
+                    &format!("ord-{k}"),
+                    "A",
+                    1,
+                    100,
+                ),
+                order(
+                    &format!("o{k}b"),
+                    T0 + k * 300 + 20,
+                    &format!("ord-{k}b"),
+                    "B",
+                    2,
+                    250,
+                ),
+            ]),
+            T0 + k * 300 + 60,
+        );
+        env.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    }
+    let skip = ["_updated_at", "_ingested_at", "_recorded_at"];
+    let tables = ["bronze/orders", "gold/revenue_5m", "_kestrel/runs"];
+    let before: Vec<Vec<String>> = tables.iter().map(|t| env.snapshot(t, &skip)).collect();
+    let parquet = |rel: &str| {
+        walk(&env.warehouse().join(rel))
+            .into_iter()
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "parquet")
+                    && !p.to_string_lossy().contains("_delta_log")
+            })
+            .count()
+    };
+    let bronze_files = parquet("bronze/orders");
+    assert!(bronze_files >= 6, "{bronze_files}");
+
+    let out = env.run_ok(&["maintain", "--retention", "0s", "--json"], 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let table = |name: &str| {
+        report["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["table"] == name)
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+            .clone()
+    };
+    let b = table("bronze/orders");
+    assert_eq!(b["files_before"], bronze_files as u64, "{b}");
+    assert_eq!(b["files_after"], 1, "{b}");
+    assert_eq!(b["partitions_compacted"], 1, "{b}");
+    assert!(b["files_vacuumed"].as_u64().unwrap() >= 6, "{b}");
+    assert!(b["checkpoint_version"].as_i64().is_some(), "{b}");
+    assert_eq!(table("_kestrel/runs")["files_after"], 1);
+    assert_eq!(table("gold/sessions")["skipped"], "not written yet");
+    // Vacuum with retention 0 deleted the compacted-away files from storage.
+    assert_eq!(parquet("bronze/orders"), 1);
+    let after: Vec<Vec<String>> = tables.iter().map(|t| env.snapshot(t, &skip)).collect();
+    assert_eq!(before, after, "maintenance changed data");
+
+    // A late order inside the lookback: the next run reads only it and corrects a window
+    // of the compacted partition.
+    env.land(
+        "orders/late.ndjson",
+        &lines(&[order("late", T0 + 15, "ord-late", "A", 3, 300)]),
+        T0 + 2000,
+    );
+    env.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    let last = env.query(
+        "_kestrel/runs",
+        "SELECT rows_in, rows_applied, corrections FROM t WHERE kind = 'job' AND name = 'revenue_5m' ORDER BY batch_id DESC LIMIT 1",
+    );
+    assert_eq!(last, vec![vec!["1", "1", "1"]]);
+    assert_eq!(
+        env.query(
+            "gold/revenue_5m",
+            &format!("SELECT units, revenue_cents FROM t WHERE sku = 'A' AND window_start = to_timestamp({T0})")
+        ),
+        vec![vec!["4", "400"]]
+    );
+    // Freshness ignores maintenance commits: the table's age is its last data commit's.
+    let st: serde_json::Value =
+        serde_json::from_str(&env.run_ok(&["status", "--json"], 0)).unwrap();
+    assert!(st["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["table"] == "gold/revenue_5m" && t["age_s"].as_f64().is_some()));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A `kestrel schedule` process whose output lines are collected as they come.
+struct Daemon {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Daemon {
+    fn start(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Daemon {
+        let mut c = std::process::Command::new(BIN);
+        c.arg("--config")
+            .arg(env.path().join("kestrel.toml"))
+            .arg("schedule")
+            .args(args)
+            .env_remove("KESTREL_FAULT")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("start kestrel schedule");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        let err = child.stderr.take().unwrap();
+        for (stream, prefix) in [
+            (Box::new(out) as Box<dyn std::io::Read + Send>, ""),
+            (Box::new(err), "stderr: "),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stream)
+                    .lines()
+                    .map_while(Result::ok)
+                {
+                    let _ = tx.send(format!("{prefix}{line}"));
+                }
+            });
+        }
+        Daemon {
+            child,
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line (from now on, or already seen) containing `pat`.
+    fn wait_for(&mut self, pat: &str) -> String {
+        if let Some(l) = self.seen.iter().find(|l| l.contains(pat)) {
+            return l.clone();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(pat) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!("no line with {pat:?}; output:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// Wait for exit; returns the exit code and every line.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        while let Ok(l) = self.rx.recv_timeout(std::time::Duration::from_secs(2)) {
+            self.seen.push(l);
+        }
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+/// Schedules that never fire during a test (1 January, midnight).
+const QUIET: &str = "[schedule]\ningest = \"0 0 0 1 1 *\"\nmaintenance = \"0 0 0 1 1 *\"\n";
+
+/// revenue_5m every second, so a batch that takes longer overlaps the next tick.
+fn every_second(env: &Env) {
+    let shipped = include_str!("../../jobs/revenue_5m.toml");
+    let text: String = shipped
+        .lines()
+        .map(|l| {
+            if l.starts_with("schedule") {
+                "schedule = \"* * * * * *\"".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::create_dir_all(env.path().join("jobs")).unwrap();
+    std::fs::write(env.path().join("jobs/revenue_5m.toml"), text).unwrap();
+}
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// The daemon runs a job every second while each batch takes 3 s: ticks that come while
+/// a run is going are skipped and counted, never run twice at once. `/metrics` is valid
+/// Prometheus text (parsed by prometheus_client's parser) with the counters, the batch
+/// histogram and the gauges; SIGTERM in the middle of a batch lets it finish and commit,
+/// then the daemon exits 0, and its tables equal a clean `kestrel run`'s.
+#[test]
+fn schedule_skips_overlapping_runs_serves_metrics_and_finishes_the_batch_on_sigterm() {
+    let env = Env::with_config(&format!("{QUIET}http = \"127.0.0.1:0\"\n"));
+    every_second(&env);
+    let first = lines(&[
+        order("o1", T0 + 10, "ord-1", "A", 1, 100),
+        order("o2", T0 + 100, "ord-2", "B", 2, 200),
+    ]);
+    env.land("orders/f1.ndjson", &first, T0 + 120);
+    let mut d = Daemon::start(&env, &[], &[("KESTREL_DELAY", "job_after_compute:3000")]);
+    let serving = d.wait_for("serving http://");
+    let addr = serving
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    d.wait_for("revenue_5m: skipped");
+    d.wait_for("revenue_5m: ok in");
+    let (code, body) = http_get(&addr, "/healthz");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert_eq!(http_get(&addr, "/nope").0, 404);
+    let (code, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    if let Some(py) = python_for_interop() {
+        let f = env.path().join("metrics.txt");
+        std::fs::write(&f, &metrics).unwrap();
+        let script = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
+    for s in fam.samples:
+        out.append([fam.type, s.name, s.labels, s.value])
+print(json.dumps(out))
+"#;
+        let o = std::process::Command::new(py)
+            .args(["-c", script, f.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let samples: Vec<(String, String, serde_json::Value, f64)> =
+            serde_json::from_slice(&o.stdout).unwrap();
+        let value = |name: &str, labels: &[(&str, &str)]| {
+            samples
+                .iter()
+                .find(|(_, n, l, _)| n == name && labels.iter().all(|(k, v)| l[k] == *v))
+                .map(|s| s.3)
+                .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{metrics}"))
+        };
+        assert!(
+            value(
+                "kestrel_runs_total",
+                &[("task", "revenue_5m"), ("result", "skipped")]
+            ) >= 1.0
+        );
+        assert!(
+            value(
+                "kestrel_runs_total",
+                &[("task", "revenue_5m"), ("result", "ok")]
+            ) >= 1.0
+        );
+        assert_eq!(
+            value("kestrel_rows_ingested_total", &[("source", "orders")]),
+            2.0
+        );
+        assert_eq!(
+            value("kestrel_rows_applied_total", &[("job", "revenue_5m")]),
+            2.0
+        );
+        assert_eq!(
+            value("kestrel_rows_late_total", &[("job", "revenue_5m")]),
+            0.0
+        );
+        let h = [("kind", "job"), ("name", "revenue_5m")];
+        assert_eq!(value("kestrel_batch_duration_seconds_count", &h), 1.0);
+        // The batch paused 3 s: it is in the 5 s bucket, not the 2.5 s one.
+        assert_eq!(
+            value(
+                "kestrel_batch_duration_seconds_bucket",
+                &[h[0], h[1], ("le", "2.5")]
+            ),
+            0.0
+        );
+        assert_eq!(
+            value(
+                "kestrel_batch_duration_seconds_bucket",
+                &[h[0], h[1], ("le", "5")]
+            ),
+            1.0
+        );
+        assert_eq!(
+            value("kestrel_watermark_lag_seconds", &[("job", "revenue_5m")]),
+            30.0
+        );
+        assert!(
+            value(
+                "kestrel_gold_freshness_seconds",
+                &[("table", "gold/revenue_5m")]
+            ) < 600.0
+        );
+        assert_eq!(value("kestrel_up", &[]), 1.0);
+        assert!(samples.iter().all(|s| s.0 != "unknown"), "{metrics}");
+    }
+
+    // A second file: SIGTERM while its batch is between compute and commit.
+    env.land(
+        "orders/f2.ndjson",
+        &lines(&[order("o3", T0 + 400, "ord-3", "A", 5, 500)]),
+        T0 + 420,
+    );
+    let result2 = env
+        .warehouse()
+        .join("_kestrel/plans/job/revenue_5m/00000000000000000002.result.json");
+    let t = std::time::Instant::now();
+    while !result2.exists() {
+        assert!(t.elapsed().as_secs() < 60, "batch 2 never computed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    d.signal(libc::SIGTERM);
+    let (code, out) = d.finish();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("stopping: waiting for revenue_5m to finish its batch"),
+        "{out}"
+    );
+    assert!(out.contains("scheduler stopped:"), "{out}");
+    // Batch 2 committed before the exit, and the lease is gone.
+    assert_eq!(
+        env.count("_kestrel/runs", "SELECT count(*) FROM t WHERE kind = 'job' AND name = 'revenue_5m' AND batch_id = 2 AND status = 'ok'"),
+        1
+    );
+    assert!(!env
+        .warehouse()
+        .join("_kestrel/leases/scheduler.json")
+        .exists());
+    let clean = Env::new();
+    clean.land("orders/f1.ndjson", &first, T0 + 120);
+    clean.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    clean.land(
+        "orders/f2.ndjson",
+        &lines(&[order("o3", T0 + 400, "ord-3", "A", 5, 500)]),
+        T0 + 420,
+    );
+    clean.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    let skip = ["_updated_at", "_batch_id"];
+    assert_eq!(
+        env.snapshot("gold/revenue_5m", &skip),
+        clean.snapshot("gold/revenue_5m", &skip)
+    );
+}
+
+/// One daemon per warehouse: a second one exits with a message naming the holder; after
+/// kill -9 of the first, the next one takes over at once (same host, dead pid); a lease
+/// of a daemon on another host is waited out (`--wait`) until it expires.
+#[test]
+fn schedule_lease_turns_a_second_daemon_away_and_expires_after_kill_9() {
+    let env = Env::with_config(QUIET);
+    let mut a = Daemon::start(&env, &[], &[]);
+    let started = a.wait_for("started;");
+    let pid = a.child.id();
+    assert!(started.contains(&format!(":{pid} started")), "{started}");
+    let out = env.kestrel(&["schedule"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("another kestrel schedule") && err.contains(&format!(":{pid})")),
+        "{err}"
+    );
+    a.signal(libc::SIGKILL);
+    let (code, _) = a.finish();
+    assert_eq!(code, None, "killed by a signal");
+    // The lease file of the killed daemon is still there; the next one takes it over.
+    assert!(env
+        .warehouse()
+        .join("_kestrel/leases/scheduler.json")
+        .exists());
+    let mut b = Daemon::start(&env, &[], &[]);
+    b.wait_for("started;");
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.finish().0, Some(0));
+
+    // A daemon on another host holds the lease for 3 more seconds: --wait waits it out.
+    let until = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let lease = serde_json::json!({
+        "owner": "other-host:4242",
+        "host": "other-host",
+        "pid": 4242,
+        "acquired_at": chrono::Utc::now().to_rfc3339(),
+        "expires_at": until.to_rfc3339(),
+    });
+    std::fs::write(
+        env.warehouse().join("_kestrel/leases/scheduler.json"),
+        lease.to_string(),
+    )
+    .unwrap();
+    let mut c = Daemon::start(&env, &["--wait"], &[]);
+    c.wait_for("waiting for the running scheduler (other-host:4242) to stop");
+    c.wait_for("started;");
+    assert!(chrono::Utc::now() >= until);
+    c.signal(libc::SIGTERM);
+    assert_eq!(c.finish().0, Some(0));
+}

@@ -1,0 +1,260 @@
+//! `kestrel maintain` (and the daemon's daily maintenance slot): for every table kestrel
+//! writes, compact the closed date partitions, write a Delta checkpoint and vacuum files
+//! unreferenced for longer than the retention.
+//!
+//! Five-minute commits leave one small file per batch and partition; each active file
+//! costs every MERGE metadata work, so finished days are rewritten into few large files.
+//! A date partition is *closed* when its date is before today (UTC, processing time): a
+//! late event may still add a file to it, which the next slot compacts again. Tables
+//! without a date partition (the run log, the file ledger, `sku_availability`) are
+//! compacted whole.
+//!
+//! Compaction commits change no data, and every reader of bronze selects rows by their
+//! ingestion `_batch_id`, so the jobs' incremental reads are unaffected. A job's tables
+//! are maintained under the job's lease (never while one of its batches runs); the tables
+//! of a job running always-on are left alone while its stream holds them, because its
+//! MERGEs every second would conflict with the compaction commit.
+
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
+
+use deltalake::kernel::schema::partitions::{FilterOp, FilterValue};
+use deltalake::DeltaTable;
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::config::MaintainConfig;
+use crate::error::{Error, Result};
+use crate::job::spec::JobSpec;
+use crate::lease::Lease;
+use crate::sink::delta::Warehouse;
+use crate::{ledger, runlog};
+
+/// What was done to one table.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TableReport {
+    pub table: String,
+    /// Active files before and after.
+    pub files_before: usize,
+    pub files_after: usize,
+    pub partitions_compacted: u64,
+    pub files_removed: u64,
+    pub files_added: u64,
+    /// Table version the checkpoint was written at.
+    pub checkpoint_version: Option<i64>,
+    pub files_vacuumed: usize,
+    /// Why the table was left alone (busy, streamed, failed).
+    pub skipped: Option<String>,
+    pub duration_ms: u64,
+}
+
+/// The whole maintenance pass.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MaintainReport {
+    pub tables: Vec<TableReport>,
+}
+
+impl MaintainReport {
+    /// Tables that could not be maintained this time.
+    pub fn skipped(&self) -> usize {
+        self.tables.iter().filter(|t| t.skipped.is_some()).count()
+    }
+}
+
+/// Options of one pass.
+#[derive(Debug, Clone)]
+pub struct MaintainOptions {
+    pub config: MaintainConfig,
+    /// Partitions dated before this day (days since the epoch) are closed.
+    pub today: i32,
+    /// Job leases last this long.
+    pub lease_ttl: Duration,
+    /// Skip compaction (checkpoint and vacuum only).
+    pub no_compact: bool,
+    /// Skip vacuum.
+    pub no_vacuum: bool,
+}
+
+/// One table to maintain and the lease that guards it (None: appended to only, which
+/// never conflicts with a compaction).
+struct Target {
+    table: String,
+    lease: Option<String>,
+    streamed_by: Option<String>,
+}
+
+/// The tables of `sources` and `jobs`, each once, with the lease that guards it.
+async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result<Vec<Target>> {
+    let mut out = Vec::new();
+    for s in sources {
+        for table in [
+            crate::runner::ingest::bronze_path(s),
+            crate::sink::quarantine::table_path(s),
+        ] {
+            out.push(Target {
+                table,
+                lease: None,
+                streamed_by: None,
+            });
+        }
+    }
+    for spec in jobs {
+        let stream = crate::runner::stream::lease_name(&spec.name);
+        let streamed_by = Lease::live_holder(wh, &stream).await?;
+        let mut tables = crate::ops::status::gold_tables(spec);
+        tables.push(crate::sink::late::table_path(&spec.name));
+        for table in tables {
+            out.push(Target {
+                table,
+                lease: Some(format!("job-{}", spec.name)),
+                streamed_by: streamed_by.clone(),
+            });
+        }
+    }
+    for table in [runlog::TABLE, ledger::TABLE] {
+        out.push(Target {
+            table: table.to_string(),
+            lease: None,
+            streamed_by: None,
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|t| seen.insert(t.table.clone()));
+    Ok(out)
+}
+
+/// Maintain every table of `sources` and `jobs`; `progress` is called after each table.
+pub async fn run(
+    wh: &Warehouse,
+    sources: &[String],
+    jobs: &[JobSpec],
+    opts: &MaintainOptions,
+    mut progress: impl FnMut(&TableReport),
+) -> Result<MaintainReport> {
+    let mut report = MaintainReport::default();
+    for t in targets(wh, sources, jobs).await? {
+        let started = Instant::now();
+        let mut r = TableReport {
+            table: t.table.clone(),
+            ..Default::default()
+        };
+        if let Some(owner) = &t.streamed_by {
+            r.skipped = Some(format!("held by a running stream ({owner})"));
+        } else {
+            let lease = match &t.lease {
+                Some(name) => match Lease::acquire(wh, name, opts.lease_ttl).await {
+                    Ok(l) => Some(l),
+                    Err(Error::LeaseHeld { owner, .. }) => {
+                        r.skipped = Some(format!("a batch is running ({owner}); next slot"));
+                        None
+                    }
+                    Err(e) => return Err(e),
+                },
+                None => None,
+            };
+            if r.skipped.is_none() {
+                if let Err(e) = table(wh, &t.table, opts, &mut r).await {
+                    warn!(table = %t.table, error = %e, "maintenance failed");
+                    r.skipped = Some(format!("failed: {e}"));
+                }
+            }
+            if let Some(l) = lease {
+                if let Err(e) = l.release().await {
+                    warn!(table = %t.table, error = %e, "could not release lease");
+                }
+            }
+        }
+        r.duration_ms = started.elapsed().as_millis() as u64;
+        progress(&r);
+        report.tables.push(r);
+    }
+    Ok(report)
+}
+
+fn file_count(t: &DeltaTable) -> Result<usize> {
+    let snap = t
+        .snapshot()
+        .map_err(|e| Error::delta(t.table_url().as_str(), e))?;
+    Ok(snap.log_data().num_files())
+}
+
+/// The first partition column when it is a date, else None.
+fn date_partition(t: &DeltaTable) -> Result<Option<String>> {
+    let snap = t
+        .snapshot()
+        .map_err(|e| Error::delta(t.table_url().as_str(), e))?;
+    let meta = snap.metadata();
+    let Some(first) = meta.partition_columns().first() else {
+        return Ok(None);
+    };
+    let is_date = snap
+        .schema()
+        .field(first)
+        .is_some_and(|f| f.data_type() == &deltalake::kernel::DataType::DATE);
+    Ok(is_date.then(|| first.clone()))
+}
+
+async fn table(
+    wh: &Warehouse,
+    rel: &str,
+    opts: &MaintainOptions,
+    r: &mut TableReport,
+) -> Result<()> {
+    let Some(mut t) = wh.open(rel).await? else {
+        r.skipped = Some("not written yet".into());
+        return Ok(());
+    };
+    let url = t.table_url().to_string();
+    r.files_before = file_count(&t)?;
+    if !opts.no_compact && r.files_before > 1 {
+        let today = chrono::DateTime::from_timestamp(opts.today as i64 * 86_400, 0)
+            .map(|d| d.format("%Y-%m-%d").to_string())
+            .unwrap_or_default();
+        let filters = match date_partition(&t)? {
+            Some(col) => vec![(col, today)],
+            None => Vec::new(),
+        };
+        let literals: Vec<_> = filters
+            .iter()
+            .map(|(c, v)| (c.as_str(), FilterOp::Lt, FilterValue::Scalar(v.as_str())))
+            .collect();
+        let target = NonZeroU64::new(opts.config.target_file_size).unwrap_or(NonZeroU64::MIN);
+        let (nt, m) = t
+            .optimize()
+            .with_filters(&literals)
+            .with_target_size(target)
+            .with_max_concurrent_tasks(2)
+            .await
+            .map_err(|e| Error::delta(&url, e))?;
+        t = nt;
+        r.partitions_compacted = m.partitions_optimized;
+        r.files_removed = m.num_files_removed;
+        r.files_added = m.num_files_added;
+    }
+    r.files_after = file_count(&t)?;
+    deltalake::checkpoints::create_checkpoint(&t, None)
+        .await
+        .map_err(|e| Error::delta(&url, e))?;
+    r.checkpoint_version = t.version().map(|v| v as i64);
+    if !opts.no_vacuum {
+        let retention =
+            chrono::Duration::from_std(opts.config.retention).unwrap_or(chrono::Duration::days(7));
+        let (_, m) = t
+            .vacuum()
+            .with_retention_period(retention)
+            // The retention is the operator's explicit choice (kestrel.toml), not the
+            // table's one-week default.
+            .with_enforce_retention_duration(false)
+            .await
+            .map_err(|e| Error::delta(&url, e))?;
+        r.files_vacuumed = m.files_deleted.len();
+    }
+    info!(
+        table = rel,
+        files_before = r.files_before,
+        files_after = r.files_after,
+        vacuumed = r.files_vacuumed,
+        "maintained"
+    );
+    Ok(())
+}
