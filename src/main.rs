@@ -91,6 +91,31 @@ enum Cmd {
         #[arg(long)]
         wait: bool,
     },
+    /// How late a source's events arrive (landed − event time from bronze: p50 … max,
+    /// per partition) and the watermark_delay that keeps corrections under --target.
+    Lag {
+        /// The source.
+        #[arg(long)]
+        source: String,
+        /// Only events landed in this last stretch of time, e.g. 7d.
+        #[arg(long)]
+        since: Option<String>,
+        /// Acceptable fraction of events arriving after their window was final.
+        #[arg(long, default_value_t = 0.001)]
+        target: f64,
+        /// Window size the corrections are judged against.
+        #[arg(long, default_value = "5m")]
+        window: String,
+        /// Lookback (events later than this are too late, not corrections).
+        #[arg(long, default_value = "3d")]
+        lookback: String,
+        /// Draw the histogram (log scale) with the percentiles marked into this PNG.
+        #[arg(long)]
+        png: Option<PathBuf>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Compact closed date partitions of every table, write Delta checkpoints and vacuum
     /// files older than the retention ([maintain] in kestrel.toml).
     Maintain {
@@ -181,6 +206,38 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             jobs,
         } => status(cfg, json, check, max_age, jobs).await,
         Cmd::Schedule { http, wait } => schedule(cfg, http, wait).await,
+        Cmd::Lag {
+            source,
+            since,
+            target,
+            window,
+            lookback,
+            png,
+            json,
+        } => {
+            let dur = |flag: &str, v: &str| {
+                kestrel::config::parse_duration(v)
+                    .map_err(|e| anyhow::anyhow!("{flag}: expected a duration such as 5m ({e})"))
+            };
+            anyhow::ensure!(
+                (0.0..1.0).contains(&target),
+                "--target: expected a fraction in [0, 1), e.g. 0.001"
+            );
+            let window = dur("--window", &window)?;
+            anyhow::ensure!(!window.is_zero(), "--window must be positive");
+            let since = since
+                .map(|s| dur("--since", &s))
+                .transpose()?
+                .map(|d| chrono::Utc::now().timestamp_micros() - d.as_micros() as i64);
+            let opts = kestrel::ops::lag::LagOptions {
+                source,
+                since,
+                target,
+                window: window.as_micros() as i64,
+                lookback: dur("--lookback", &lookback)?.as_micros() as i64,
+            };
+            lag(cfg, opts, png, json).await
+        }
         Cmd::Maintain {
             retention,
             no_compact,
@@ -652,6 +709,80 @@ async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::
         "scheduler stopped: {} runs ok, {} failed, {} skipped (previous run still going)",
         summary.ok, summary.failed, summary.skipped
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn lag(
+    cfg: Config,
+    opts: kestrel::ops::lag::LagOptions,
+    png: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
+    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
+    let sources = ing.sources()?;
+    anyhow::ensure!(
+        sources.contains(&opts.source),
+        "unknown source `{}` (known: {})",
+        opts.source,
+        sources.join(", ")
+    );
+    let r = kestrel::ops::lag::run(ing.warehouse(), &opts).await?;
+    if let Some(p) = &png {
+        kestrel::ops::lag::draw_png(&r, p)?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{}: lateness = _landed_at − event_ts over {} events",
+        r.source, r.overall.events
+    );
+    println!(
+        "{:<14} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "partition", "events", "p50 s", "p90 s", "p99 s", "p99.9 s", "max s"
+    );
+    let row = |name: &str, q: &kestrel::ops::lag::Quantiles| {
+        println!(
+            "{:<14} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+            name, q.events, q.p50_s, q.p90_s, q.p99_s, q.p999_s, q.max_s
+        )
+    };
+    row("(all)", &r.overall);
+    if r.partitions.len() > 1 {
+        for (p, q) in &r.partitions {
+            row(if p.is_empty() { "(none)" } else { p }, q);
+        }
+    }
+    println!();
+    println!(
+        "replayed in arrival order against {} s windows, lookback {} s:",
+        r.window_s, r.lookback_s
+    );
+    println!(
+        "{:>12} {:>12} {:>10} {:>16}",
+        "delay s", "corrections", "fraction", "beyond lookback"
+    );
+    for c in &r.candidates {
+        let mark = if c.delay_s == r.suggested_delay_s {
+            "  <- suggested"
+        } else {
+            ""
+        };
+        println!(
+            "{:>12} {:>12} {:>10.5} {:>16}{mark}",
+            c.delay_s, c.corrections, c.correction_fraction, c.beyond_lookback
+        );
+    }
+    println!();
+    println!(
+        "suggested watermark_delay = \"{}s\" (corrections at most {} of events)",
+        r.suggested_delay_s, r.target
+    );
+    if let Some(p) = &png {
+        println!("histogram written to {}", p.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,8 +1,9 @@
 //! Operating kestrel: [`status`] (freshness, watermarks, last runs), [`maintain`]
-//! (compaction, checkpoints, vacuum), [`metrics`] and [`http`] (the daemon's
+//! (compaction, checkpoints, vacuum), [`lag`] (lateness and a suggested watermark), [`metrics`] and [`http`] (the daemon's
 //! `/healthz` and `/metrics`).
 
 pub mod http;
+pub mod lag;
 pub mod maintain;
 pub mod metrics;
 pub mod status;

@@ -527,3 +527,100 @@ fn schedule_lease_turns_a_second_daemon_away_and_expires_after_kill_9() {
     c.signal(libc::SIGTERM);
     assert_eq!(c.finish().0, Some(0));
 }
+
+/// Lateness 1, 2, …, 1000 s, one event each, shuffled over 100 files of 10 (so events
+/// arrive out of order): the percentiles are known exactly; the suggested delay meets the
+/// target in the replay and a zero delay does not; --png draws the histogram.
+#[test]
+fn lag_reports_percentiles_of_a_known_distribution_and_a_delay_that_meets_the_target() {
+    let env = Env::new();
+    for k in 0..100 {
+        let landed = T0 + 10_000 + 100 * k;
+        let evs: Vec<String> = (1..=10)
+            .map(|j| {
+                // i ↦ i·7919 mod 1000 is a permutation of 0..1000 (7919 is coprime to 1000).
+                let d = ((10 * k + j - 1) * 7919) % 1000 + 1;
+                order(
+                    &format!("e{d}"),
+                    landed - d,
+                    &format!("ord-{d}"),
+                    "A",
+                    1,
+                    100,
+                )
+            })
+            .collect();
+        let part = k % 2;
+        env.land(
+            &format!("orders/partition={part}/f{k:03}.ndjson"),
+            &lines(&evs),
+            landed,
+        );
+    }
+    env.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    let png = env.path().join("lag.png");
+    let out = env.run_ok(
+        &[
+            "lag",
+            "--source",
+            "orders",
+            "--target",
+            "0.01",
+            "--png",
+            png.to_str().unwrap(),
+            "--json",
+        ],
+        0,
+    );
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let q = &r["overall"];
+    assert_eq!(q["events"], 1000);
+    assert_eq!(q["p50_s"], 500.0);
+    assert_eq!(q["p90_s"], 900.0);
+    assert_eq!(q["p99_s"], 990.0);
+    assert_eq!(q["p999_s"], 999.0);
+    assert_eq!(q["max_s"], 1000.0);
+    // Per partition: the even files in partition 0, the odd ones in 1.
+    let parts = r["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2);
+    let total: u64 = parts.iter().map(|p| p[1]["events"].as_u64().unwrap()).sum();
+    assert_eq!(total, 1000);
+    assert!(parts.iter().any(|p| p[1]["max_s"] == 1000.0), "{r}");
+    // The suggestion: its replayed corrections meet the target; no delay misses it.
+    let suggested = r["suggested_delay_s"].as_f64().unwrap();
+    let cands = r["candidates"].as_array().unwrap();
+    let at = cands
+        .iter()
+        .find(|c| c["delay_s"].as_f64() == Some(suggested))
+        .unwrap();
+    assert!(at["correction_fraction"].as_f64().unwrap() <= 0.01, "{at}");
+    assert!(suggested > 0.0, "these arrivals need a delay: {r}");
+    let zero = cands.iter().find(|c| c["delay_s"] == 0.0).unwrap();
+    assert!(
+        zero["correction_fraction"].as_f64().unwrap() > 0.01,
+        "{zero}"
+    );
+    // A stricter target needs at least as long a delay.
+    let strict = env.run_ok(
+        &["lag", "--source", "orders", "--target", "0.001", "--json"],
+        0,
+    );
+    let strict: serde_json::Value = serde_json::from_str(&strict).unwrap();
+    assert!(strict["suggested_delay_s"].as_f64().unwrap() >= suggested);
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(bytes.len() > 10_000, "{}", bytes.len());
+    // Text output names the suggestion; --since excludes these 2025 arrivals.
+    let text = env.run_ok(&["lag", "--source", "orders", "--target", "0.01"], 0);
+    assert!(
+        text.contains("<- suggested") && text.contains("p99.9"),
+        "{text}"
+    );
+    let err = env.fails_one_line(&["lag", "--source", "orders", "--since", "1h"]);
+    assert!(
+        err.contains("no events of orders in bronze since --since"),
+        "{err}"
+    );
+    let err = env.fails_one_line(&["lag", "--source", "nope"]);
+    assert!(err.contains("unknown source `nope`"), "{err}");
+}
