@@ -286,65 +286,6 @@ pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
     Ok(analyse(&opts.source, &names, arrivals, opts))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_of_a_known_distribution() {
-        let v: Vec<Micros> = (1..=1000).map(|s| s * SEC).collect();
-        assert_eq!(percentile(&v, 0.5), 500 * SEC);
-        assert_eq!(percentile(&v, 0.9), 900 * SEC);
-        assert_eq!(percentile(&v, 0.99), 990 * SEC);
-        assert_eq!(percentile(&v, 0.999), 999 * SEC);
-        assert_eq!(percentile(&v, 1.0), 1000 * SEC);
-    }
-
-    #[test]
-    fn the_suggestion_replays_arrivals_against_windows() {
-        // One event per second of event time landing 1 s later, plus one event landing
-        // 100 s late: with 1-minute windows only the straggler can be a correction.
-        let mut a: Vec<Arrival> = (0..600)
-            .map(|s| Arrival {
-                partition: 0,
-                event_ts: s * SEC,
-                landed_at: (s + 1) * SEC,
-            })
-            .collect();
-        a.push(Arrival {
-            partition: 0,
-            event_ts: 10 * SEC,
-            landed_at: 110 * SEC + 500_000,
-        });
-        let opts = LagOptions {
-            source: "s".into(),
-            since: None,
-            target: 0.0,
-            window: 60 * SEC,
-            lookback: 30 * SEC,
-        };
-        let r = analyse("s", &["".into()], a, &opts);
-        // W0 before the straggler = 109 s (the newest event landed before 110.5 s); its
-        // window ends at 60 s: any delay ≤ 49 s makes it a correction, so 50 s.
-        assert_eq!(r.suggested_delay_s, 50.0);
-        let c = |d: f64| {
-            r.candidates
-                .iter()
-                .find(|c| c.delay_s == d)
-                .unwrap()
-                .clone()
-        };
-        assert_eq!(c(30.0).corrections, 1);
-        assert_eq!(c(50.0).corrections, 0);
-        // beyond the lookback: 10 < 109 − d − 30 ⇔ d < 69.
-        assert_eq!(c(30.0).beyond_lookback, 1);
-        assert_eq!(c(120.0).beyond_lookback, 0);
-        assert_eq!(r.overall.events, 601);
-        assert_eq!(r.overall.max_s, 100.5);
-        assert_eq!(r.overall.p50_s, 1.0);
-    }
-}
-
 /// Font files tried for the chart's text (`KESTREL_FONT` first).
 const FONTS: [&str; 4] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -469,4 +410,63 @@ pub fn draw_png(r: &LagReport, path: &std::path::Path) -> Result<()> {
         .map_err(|e| err(e.to_string()))?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_a_known_distribution() {
+        let v: Vec<Micros> = (1..=1000).map(|s| s * SEC).collect();
+        assert_eq!(percentile(&v, 0.5), 500 * SEC);
+        assert_eq!(percentile(&v, 0.9), 900 * SEC);
+        assert_eq!(percentile(&v, 0.99), 990 * SEC);
+        assert_eq!(percentile(&v, 0.999), 999 * SEC);
+        assert_eq!(percentile(&v, 1.0), 1000 * SEC);
+    }
+
+    #[test]
+    fn the_suggestion_replays_arrivals_against_windows() {
+        // One event per second of event time landing 1 s later, plus one event landing
+        // 100 s late: with 1-minute windows only the straggler can be a correction.
+        let mut a: Vec<Arrival> = (0..600)
+            .map(|s| Arrival {
+                partition: 0,
+                event_ts: s * SEC,
+                landed_at: (s + 1) * SEC,
+            })
+            .collect();
+        a.push(Arrival {
+            partition: 0,
+            event_ts: 10 * SEC,
+            landed_at: 110 * SEC + 500_000,
+        });
+        let opts = LagOptions {
+            source: "s".into(),
+            since: None,
+            target: 0.0,
+            window: 60 * SEC,
+            lookback: 30 * SEC,
+        };
+        let r = analyse("s", &["".into()], a, &opts);
+        // W0 before the straggler = 109 s (the newest event landed before 110.5 s); its
+        // window ends at 60 s: any delay ≤ 49 s makes it a correction, so 50 s.
+        assert_eq!(r.suggested_delay_s, 50.0);
+        let c = |d: f64| {
+            r.candidates
+                .iter()
+                .find(|c| c.delay_s == d)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(c(30.0).corrections, 1);
+        assert_eq!(c(50.0).corrections, 0);
+        // beyond the lookback: 10 < 109 − d − 30 ⇔ d < 69.
+        assert_eq!(c(30.0).beyond_lookback, 1);
+        assert_eq!(c(120.0).beyond_lookback, 0);
+        assert_eq!(r.overall.events, 601);
+        assert_eq!(r.overall.max_s, 100.5);
+        assert_eq!(r.overall.p50_s, 1.0);
+    }
 }
