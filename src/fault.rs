@@ -2,7 +2,9 @@
 //! SIGKILL itself when it reaches a named point — a real kill -9, no unwinding, no flush.
 //!
 //! Points of ingestion, in order: `after_plan`, `after_decode`, `after_bronze`,
-//! `after_quarantine`, `after_ledger`, `after_runlog`.
+//! `after_quarantine`, `after_ledger`, `after_runlog`. Of a job batch: `job_after_plan`,
+//! `job_after_compute`, `job_after_late`, `job_between_merges`, `job_after_gold`,
+//! `job_after_runlog`. Of a backfill: `backfill_after_day`.
 
 /// Environment variable naming the fault points.
 pub const ENV: &str = "KESTREL_FAULT";

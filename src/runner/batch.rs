@@ -162,7 +162,7 @@ pub struct JobRunner {
     pub(super) wh: Warehouse,
     schemas: BTreeMap<String, Arc<SourceSchema>>,
     run_id: String,
-    lease_ttl: std::time::Duration,
+    pub(super) lease_ttl: std::time::Duration,
     stop: Option<super::StopFlag>,
 }
 

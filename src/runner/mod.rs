@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+pub mod backfill;
 pub mod batch;
 pub mod checkpoint;
 pub mod ingest;

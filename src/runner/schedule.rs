@@ -357,6 +357,11 @@ impl Daemon {
         self.running().remove(&name);
         let (outcome, summary) = match result {
             Ok(s) => (Outcome::Ok, s),
+            // Another writer (a backfill, a `kestrel run`) holds the job or source.
+            Err(Error::LeaseHeld { name, owner, .. }) => (
+                Outcome::Skipped,
+                format!("{name} is held by {owner}; next tick"),
+            ),
             Err(e) => {
                 error!(task = %name, error = %e, "run failed; retrying at the next tick");
                 (Outcome::Failed, format!("{e}; retrying at the next tick"))

@@ -1,6 +1,7 @@
 //! Integration tests: one test binary (every test binary links all of DataFusion).
 //! They drive the real `kestrel` binary against real Delta tables in temp directories.
 
+mod backfill;
 mod common;
 mod ingest;
 mod jobs;

@@ -1,0 +1,600 @@
+//! `kestrel backfill --job J --from DATE --to DATE`: recompute a windowed job's gold rows
+//! for a range of window dates from bronze — a restatement.
+//!
+//! - Input: every bronze row the job has consumed (ingestion batches up to the job's
+//!   position), *including* rows that were too late for the live job: they are in bronze,
+//!   and a backfill is the deliberate place to apply them. So the result equals the
+//!   incremental one except in windows holding too-late rows; those are reported.
+//! - One day at a time (the gold table's `window_date` partition): a window (or session)
+//!   belongs to the day it starts in. A day reads the history its windows need: events
+//!   of the day plus one window length after it; for sessions, one gap before the day (to
+//!   know where sessions start) and as far after it as sessions starting in the day run.
+//! - The day's recomputed rows are compared with its gold rows; only windows that change
+//!   (new, different or gone) are MERGEd, in one commit per day (app id
+//!   `kestrel-backfill-<job>`). A re-run changes nothing: idempotent.
+//! - It holds the job's lease (waiting for a running batch of the job to finish), so a
+//!   backfill and the scheduler or `kestrel run` never write the job's tables at once.
+//! - Progress is durable (`_kestrel/backfill/<job>.json`): stopped with Ctrl-C (between
+//!   days) or killed, the same command resumes with the first day not done, as long as
+//!   the job's input is unchanged; otherwise it starts over (every day is idempotent).
+//! - `is_final` follows the job's current watermark; the live job's state is untouched.
+//!   A later live correction of a restated window (only possible inside the lookback)
+//!   recomputes it from applied rows again, without the too-late ones.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::SchemaRef;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::common::ScalarValue;
+use datafusion::prelude::{col, lit, SessionContext};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::batch::{now_us, JobRunner, GOLD_PARTITION};
+use super::StopFlag;
+use crate::error::{Error, Result};
+use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
+use crate::job::plan;
+use crate::job::spec::{JobKind, JobSpec};
+use crate::lease::Lease;
+use crate::runlog;
+use crate::runner::ingest::bronze_path;
+use crate::runner::read;
+use crate::sink::delta::{self, MergeSpec};
+use crate::sink::late;
+use crate::time::window::WindowSpec;
+use crate::time::Micros;
+
+/// What to backfill.
+#[derive(Debug, Clone, Default)]
+pub struct BackfillOptions {
+    /// First and last window date, inclusive (days since the epoch).
+    pub from: i32,
+    pub to: i32,
+    /// Set on Ctrl-C: stop between days (the command is resumable).
+    pub stop: Option<StopFlag>,
+}
+
+/// One day's outcome.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DayReport {
+    pub date: String,
+    /// Windows (or sessions) starting that day after the recompute.
+    pub windows: usize,
+    /// Windows whose row was inserted, changed or deleted.
+    pub changed: usize,
+    pub deleted: usize,
+    /// Windows holding rows that were too late for the live job, as `key… @ start`.
+    pub with_too_late_rows: Vec<String>,
+    /// Done by an earlier, interrupted run of the same backfill.
+    pub resumed: bool,
+}
+
+/// The whole backfill.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackfillReport {
+    pub job: String,
+    pub from: String,
+    pub to: String,
+    /// The job batch whose input was restated (its consumed ingestion batches).
+    pub as_of_batch: i64,
+    pub days: Vec<DayReport>,
+}
+
+impl BackfillReport {
+    pub fn changed(&self) -> usize {
+        self.days.iter().map(|d| d.changed).sum()
+    }
+    pub fn windows(&self) -> usize {
+        self.days.iter().map(|d| d.windows).sum()
+    }
+    pub fn with_too_late_rows(&self) -> usize {
+        self.days.iter().map(|d| d.with_too_late_rows.len()).sum()
+    }
+}
+
+/// Something to tell the user while it runs.
+#[derive(Debug, Clone)]
+pub enum Progress<'a> {
+    /// Waiting for a running batch of the job (its lease holder).
+    Waiting(&'a str),
+    /// Resuming: these days were done by an interrupted run.
+    Resuming(usize),
+    Day(&'a DayReport),
+}
+
+/// The durable progress of a backfill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Checkpoint {
+    from: i32,
+    to: i32,
+    as_of_batch: i64,
+    done: Vec<i32>,
+}
+
+fn progress_key(job: &str) -> String {
+    format!("_kestrel/backfill/{job}.json")
+}
+
+/// Name of the Delta application transaction of a job's backfill commits.
+pub fn app_id(job: &str) -> String {
+    format!("kestrel-backfill-{job}")
+}
+
+/// `YYYY-MM-DD` of a day number.
+pub fn date_string(day: i32) -> String {
+    chrono::DateTime::from_timestamp(day as i64 * 86_400, 0)
+        .map(|d| d.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| day.to_string())
+}
+
+/// Parse `YYYY-MM-DD` to a day number.
+pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
+    let d = chrono::NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d")
+        .map_err(|e| format!("expected a date YYYY-MM-DD, got {s:?} ({e})"))?;
+    let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
+    Ok((d - epoch).num_days() as i32)
+}
+
+/// Values of `columns` of row `i`, formatted and joined (a comparable identity).
+fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
+    let mut s = String::new();
+    for f in formatters {
+        s.push_str(&f.value(i).to_string());
+        s.push('\u{1f}');
+    }
+    s
+}
+
+fn formatters<'a>(b: &'a RecordBatch, columns: &[String]) -> Result<Vec<ArrayFormatter<'a>>> {
+    let opts = FormatOptions::default().with_null("∅");
+    columns
+        .iter()
+        .map(|c| {
+            let a = b
+                .column_by_name(c)
+                .ok_or_else(|| Error::Other(format!("backfill: no column {c}")))?;
+            ArrayFormatter::try_new(a.as_ref(), &opts).map_err(Error::from)
+        })
+        .collect()
+}
+
+impl JobRunner {
+    /// Restate `spec`'s windows of `opts.from ..= opts.to`; see the module docs.
+    pub async fn backfill(
+        &self,
+        spec: &JobSpec,
+        opts: &BackfillOptions,
+        mut progress: impl FnMut(Progress<'_>),
+    ) -> Result<BackfillReport> {
+        if !matches!(spec.kind, JobKind::Aggregate { .. }) {
+            return Err(Error::Other(format!(
+                "backfill of `{}` is not built yet: only the windowed (declarative) jobs have it; its operator restates late data with `kestrel run` inside the lookback",
+                spec.name
+            )));
+        }
+        if opts.from > opts.to {
+            return Err(Error::Other(format!(
+                "--from {} is after --to {}",
+                date_string(opts.from),
+                date_string(opts.to)
+            )));
+        }
+        let name = format!("job-{}", spec.name);
+        let mut announced = false;
+        let mut lease = loop {
+            match Lease::acquire(&self.wh, &name, self.lease_ttl).await {
+                Ok(l) => break l,
+                Err(Error::LeaseHeld { owner, .. }) => {
+                    if !announced {
+                        progress(Progress::Waiting(&owner));
+                        announced = true;
+                    }
+                    if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+                        return Err(Error::Other(
+                            "stopped while waiting for the job's lease".into(),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let result = self
+            .backfill_days(spec, opts, &mut lease, &mut progress)
+            .await;
+        if let Err(e) = lease.release().await {
+            tracing::warn!(job = %spec.name, error = %e, "could not release lease");
+        }
+        result
+    }
+
+    async fn backfill_days(
+        &self,
+        spec: &JobSpec,
+        opts: &BackfillOptions,
+        lease: &mut Lease,
+        progress: &mut impl FnMut(Progress<'_>),
+    ) -> Result<BackfillReport> {
+        let done_batch = runlog::last_batch(&self.wh, "job", &spec.name).await?;
+        let state = match plan::read_result(&self.wh, &spec.name, done_batch).await? {
+            Some(r) if done_batch > 0 => r.state,
+            _ => {
+                return Err(Error::Other(format!(
+                    "`{}` has not run yet: a backfill restates what the job has consumed; run `kestrel run --job {}` first",
+                    spec.name, spec.name
+                )))
+            }
+        };
+        let source = &spec.sources[0];
+        let position = state.positions.get(source).copied().unwrap_or(0);
+        let key = progress_key(&spec.name);
+        let fresh = Checkpoint {
+            from: opts.from,
+            to: opts.to,
+            as_of_batch: done_batch,
+            done: Vec::new(),
+        };
+        let mut ck = match self.wh.loc.get_opt(&key).await? {
+            Some(raw) => match serde_json::from_slice::<Checkpoint>(&raw) {
+                Ok(c)
+                    if c.from == fresh.from && c.to == fresh.to && c.as_of_batch == done_batch =>
+                {
+                    progress(Progress::Resuming(c.done.len()));
+                    c
+                }
+                _ => fresh,
+            },
+            None => fresh,
+        };
+        let mut report = BackfillReport {
+            job: spec.name.clone(),
+            from: date_string(opts.from),
+            to: date_string(opts.to),
+            as_of_batch: done_batch,
+            days: Vec::new(),
+        };
+        let bronze = self.wh.open(&bronze_path(source)).await?;
+        let ctx = match &bronze {
+            Some(t) => Some(delta::session_with(t, "bronze").await?),
+            None => None,
+        };
+        let late_ctx = match self.wh.open(&late::table_path(&spec.name)).await? {
+            Some(t) => Some(delta::session_with(&t, "late").await?),
+            None => None,
+        };
+        for day in opts.from..=opts.to {
+            if ck.done.contains(&day) {
+                let d = DayReport {
+                    date: date_string(day),
+                    resumed: true,
+                    ..Default::default()
+                };
+                progress(Progress::Day(&d));
+                report.days.push(d);
+                continue;
+            }
+            if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+                return Err(Error::Other(format!(
+                    "interrupted before {}: {} of {} days done; run the same command to resume",
+                    date_string(day),
+                    ck.done.len(),
+                    opts.to - opts.from + 1
+                )));
+            }
+            let d = self
+                .backfill_day(
+                    spec,
+                    day,
+                    &state.watermark.current,
+                    position,
+                    done_batch,
+                    ctx.as_ref(),
+                    late_ctx.as_ref(),
+                )
+                .await?;
+            ck.done.push(day);
+            let body = serde_json::to_vec_pretty(&ck).map_err(|e| Error::Other(e.to_string()))?;
+            self.wh.loc.put(&key, body).await?;
+            crate::fault::point("backfill_after_day");
+            lease.renew(self.lease_ttl).await?;
+            progress(Progress::Day(&d));
+            report.days.push(d);
+        }
+        self.wh.loc.delete_if_exists(&key).await?;
+        Ok(report)
+    }
+
+    /// Recompute and MERGE one day's windows.
+    #[allow(clippy::too_many_arguments)]
+    async fn backfill_day(
+        &self,
+        spec: &JobSpec,
+        day: i32,
+        watermark: &Option<Micros>,
+        position: i64,
+        as_of_batch: i64,
+        ctx: Option<&SessionContext>,
+        late_ctx: Option<&SessionContext>,
+    ) -> Result<DayReport> {
+        let JobKind::Aggregate {
+            keys,
+            window,
+            aggregates,
+        } = &spec.kind
+        else {
+            return Err(Error::Other(format!("{} is not a windowed job", spec.name)));
+        };
+        let bronze = self.source_schema(&spec.sources[0])?.bronze.clone();
+        let input_schema = agg::job_input_schema(&bronze);
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let consumed = col("_batch_id").lt_eq(lit(position));
+        let read_range = |from: Micros, to: Micros| {
+            let filter = read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
+                .and(read::in_ranges("event_ts", &[(from, to)]))
+                .and(consumed.clone());
+            let schema = input_schema.clone();
+            async move {
+                match ctx {
+                    Some(ctx) => read::read(ctx, "bronze", filter, &schema).await,
+                    None => Ok(RecordBatch::new_empty(schema)),
+                }
+            }
+        };
+        let mut enc = KeyEncoder::new(&input_schema, keys)?;
+        let session = matches!(window, WindowSpec::Session { .. });
+        let (assigned, final_after, late_span) = match window {
+            WindowSpec::Session { gap } => {
+                let gap = *gap;
+                // Sessions starting in the day: one gap before it tells where they start;
+                // read further on while one of them may still continue.
+                let mut read_to = hi + gap;
+                loop {
+                    let rows = read_range(lo - gap, read_to).await?;
+                    let mut scope = SessionScope::default();
+                    scope.touch(&mut enc, &rows, false)?;
+                    let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
+                    let open = sessions
+                        .iter()
+                        .any(|(_, s, e)| *s >= lo && *s < hi && *e >= read_to - gap);
+                    if open {
+                        read_to += DAY;
+                        continue;
+                    }
+                    let starts = agg::col_i64(&assigned, agg::WINDOW_START)?;
+                    let keep: BooleanArray = starts
+                        .values()
+                        .iter()
+                        .map(|s| Some(*s >= lo && *s < hi))
+                        .collect();
+                    break (filter_record_batch(&assigned, &keep)?, gap, (lo, read_to));
+                }
+            }
+            _ => {
+                let size = agg::window_size(window);
+                let rows = read_range(lo, hi + size).await?;
+                let mut touched = Touched::default();
+                touched.add_applied(&mut enc, window, &rows, None)?;
+                touched.windows.retain(|(_, s)| *s >= lo && *s < hi);
+                let assigned = agg::assign_windows(&mut enc, window, &rows, &mut touched, None)?;
+                (assigned, 0, (lo, hi + size))
+            }
+        };
+        let (agg_schema, out) = agg::aggregate(assigned.clone(), keys, aggregates, session).await?;
+        let gold_schema = agg::gold_schema(&agg_schema, keys, session);
+        let stamp = GoldStamp {
+            w_after: *watermark,
+            final_after,
+            batch_id: as_of_batch,
+            now_us: now_us(),
+        };
+        let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+        let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
+
+        // The day's gold rows, compared by key and by every column that is data.
+        let start_col = if session {
+            "session_start"
+        } else {
+            "window_start"
+        };
+        let mut ident: Vec<String> = keys.clone();
+        ident.push(start_col.to_string());
+        let values: Vec<String> = gold_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !ident.contains(n) && n != "_updated_at" && n != "_batch_id")
+            .collect();
+        let existing = match self.wh.open(&spec.table).await? {
+            Some(t) => {
+                let gctx = delta::session_with(&t, "gold").await?;
+                read::read(
+                    &gctx,
+                    "gold",
+                    read::dates_in(GOLD_PARTITION, &[day]),
+                    &gold_schema,
+                )
+                .await?
+            }
+            None => RecordBatch::new_empty(gold_schema.clone()),
+        };
+        let old_map: HashMap<String, (String, usize)> = {
+            let (fk, fv) = (
+                formatters(&existing, &ident)?,
+                formatters(&existing, &values)?,
+            );
+            (0..existing.num_rows())
+                .map(|i| (row_string(&fk, i), (row_string(&fv, i), i)))
+                .collect()
+        };
+        let mut changed_idx: Vec<u32> = Vec::new();
+        let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+        {
+            let (fk, fv) = (formatters(&new, &ident)?, formatters(&new, &values)?);
+            for i in 0..new.num_rows() {
+                let k = row_string(&fk, i);
+                let v = row_string(&fv, i);
+                if old_map.get(&k).is_none_or(|(ov, _)| *ov != v) {
+                    changed_idx.push(i as u32);
+                }
+                seen.insert(k);
+            }
+        }
+        let mut gone_idx: Vec<u32> = old_map
+            .iter()
+            .filter(|(k, _)| !seen.contains(*k))
+            .map(|(_, (_, i))| *i as u32)
+            .collect();
+        gone_idx.sort_unstable();
+
+        // Windows holding rows that were too late for the live job.
+        let with_too_late = match late_ctx {
+            Some(lctx) => {
+                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
+                    .await?
+            }
+            None => Vec::new(),
+        };
+
+        let report = DayReport {
+            date: date_string(day),
+            windows: new.num_rows(),
+            changed: changed_idx.len() + gone_idx.len(),
+            deleted: gone_idx.len(),
+            with_too_late_rows: with_too_late,
+            resumed: false,
+        };
+        if report.changed == 0 {
+            return Ok(report);
+        }
+        let mut merge_rows = vec![arrow::compute::take_record_batch(
+            &new,
+            &arrow::array::UInt32Array::from(changed_idx),
+        )?];
+        if !gone_idx.is_empty() {
+            let gone = arrow::compute::take_record_batch(
+                &existing,
+                &arrow::array::UInt32Array::from(gone_idx),
+            )?;
+            let mut cols: Vec<ArrayRef> = gone.columns().to_vec();
+            cols.push(std::sync::Arc::new(StringArray::from(vec![
+                "delete";
+                gone.num_rows()
+            ])));
+            merge_rows.push(RecordBatch::try_new(agg::merge_schema(&gold_schema), cols)?);
+        }
+        let out = self.gold_output(
+            spec,
+            gold_schema.clone(),
+            merge_rows,
+            GOLD_PARTITION,
+            Vec::new(),
+        );
+        let table = self
+            .wh
+            .open_or_create(&out.table, &out.schema, &[GOLD_PARTITION])
+            .await?;
+        let app = app_id(&spec.name);
+        let version = delta::txn_version(&table, &app).await?.unwrap_or(0) + 1;
+        let ms = MergeSpec {
+            keys: &out.keys,
+            partition: (GOLD_PARTITION, vec![ScalarValue::Date32(Some(day))]),
+            columns: gold_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+            op_column: agg::OP,
+        };
+        let (_, counts) = delta::merge(table, out.rows, &ms, &app, version).await?;
+        info!(
+            job = %spec.name,
+            day = %report.date,
+            changed = report.changed,
+            updated = counts.updated,
+            inserted = counts.inserted,
+            deleted = counts.deleted,
+            "backfill merge"
+        );
+        Ok(report)
+    }
+
+    /// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
+    /// ledger, as `key… @ start`.
+    #[allow(clippy::too_many_arguments)]
+    async fn too_late_windows(
+        &self,
+        lctx: &SessionContext,
+        keys: &[String],
+        window: &WindowSpec,
+        assigned: &RecordBatch,
+        (from, to): (Micros, Micros),
+        (lo, hi): (Micros, Micros),
+        bronze: &SchemaRef,
+    ) -> Result<Vec<String>> {
+        let mut cols: Vec<String> = keys.to_vec();
+        cols.push("event_ts".into());
+        cols.push("event_id".into());
+        let schema = agg::project(bronze, &cols)?;
+        let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
+            .and(read::in_ranges("event_ts", &[(from, to)]));
+        let rows = read::read(lctx, "late", filter, &schema).await?;
+        if rows.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let ts = agg::event_ts(&rows)?;
+        let key_cols: Vec<String> = keys.to_vec();
+        let fk = formatters(&rows, &key_cols)?;
+        let mut out: BTreeMap<String, ()> = BTreeMap::new();
+        let fmt = |us: Micros| {
+            chrono::DateTime::from_timestamp_micros(us)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default()
+        };
+        match window {
+            WindowSpec::Session { .. } => {
+                // The session of the late row: same key, start ≤ ts ≤ end.
+                let ak = formatters(assigned, &key_cols)?;
+                let starts = agg::col_i64(assigned, agg::WINDOW_START)?;
+                let ends = agg::col_i64(assigned, agg::SESSION_END)?;
+                let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
+                for i in 0..assigned.num_rows() {
+                    sessions
+                        .entry(row_string(&ak, i))
+                        .or_default()
+                        .push((starts.value(i), ends.value(i)));
+                }
+                for i in 0..rows.num_rows() {
+                    let k = row_string(&fk, i);
+                    let t = ts.value(i);
+                    if let Some(s) = sessions
+                        .get(&k)
+                        .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
+                    {
+                        out.insert(
+                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), fmt(s.0)),
+                            (),
+                        );
+                    }
+                }
+            }
+            _ => {
+                for i in 0..rows.num_rows() {
+                    let k = row_string(&fk, i);
+                    window.each_window(ts.value(i), |start, _| {
+                        if start >= lo && start < hi {
+                            out.insert(
+                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), fmt(start)),
+                                (),
+                            );
+                        }
+                    });
+                }
+            }
+        }
+        Ok(out.into_keys().collect())
+    }
+}

@@ -1,0 +1,295 @@
+//! `kestrel backfill`: a restatement from bronze that includes rows too late for the
+//! live job, equal to the incremental result everywhere else; idempotent, resumable
+//! after kill -9, serialised with the job's other writers by its lease.
+
+use crate::common::*;
+
+const DAY: i64 = 86_400;
+/// T0's date (2025-11-20) and four days later.
+const D0: &str = "2025-11-20";
+const D4: &str = "2025-11-24";
+
+fn click(id: &str, event_s: i64, anon: &str) -> String {
+    format!(
+        r#"{{"event_id":"{id}","event_ts":"{}","anonymous_id":"{anon}","event_type":"page_view","page":"/p"}}"#,
+        ts(event_s)
+    )
+}
+
+/// Day 0: orders and clicks, one visitor's session running over midnight. Day 4: more
+/// of both, which moves the watermark past the 3-day lookback of day 0.
+fn first() -> (Vec<String>, Vec<String>) {
+    (
+        vec![
+            order("o1", T0 + 10, "ord-1", "A", 1, 100),
+            order("o2", T0 + 100, "ord-2", "B", 2, 200),
+            order("o3", T0 + 3600, "ord-3", "A", 1, 100),
+        ],
+        vec![
+            click("c1", T0 + 42_600, "v1"), // 23:50
+            click("c2", T0 + 43_800, "v1"), // 00:10 the next day: same session
+            click("c3", T0 + 45_000, "v1"),
+            click("c4", T0 + 50, "v2"),
+        ],
+    )
+}
+
+fn day4() -> (Vec<String>, Vec<String>) {
+    (
+        vec![order("o4", T0 + 4 * DAY, "ord-4", "A", 1, 100)],
+        vec![click("c5", T0 + 4 * DAY, "v3")],
+    )
+}
+
+/// Too late once day 4 has been seen (W − 3 d is past them).
+fn stragglers() -> (Vec<String>, Vec<String>) {
+    (
+        vec![order("o5", T0 + 20, "ord-5", "A", 5, 500)],
+        vec![click("c6", T0 + 60, "v2")],
+    )
+}
+
+fn land_pair(env: &Env, k: usize, (orders, clicks): &(Vec<String>, Vec<String>), at: i64) {
+    env.land(&format!("orders/f{k}.ndjson"), &lines(orders), at);
+    env.land(&format!("clickstream/f{k}.ndjson"), &lines(clicks), at);
+}
+
+const JOBS: [&str; 4] = ["revenue_5m", "revenue_1h", "sessions", "clickstream_5m"];
+const SKIP: [&str; 2] = ["_updated_at", "_batch_id"];
+
+fn backfill(env: &Env, job: &str, from: &str, to: &str) -> serde_json::Value {
+    let out = env.run_ok(
+        &[
+            "backfill", "--job", job, "--from", from, "--to", to, "--json",
+        ],
+        0,
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+fn changed(r: &serde_json::Value) -> u64 {
+    r["days"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["changed"].as_u64().unwrap())
+        .sum()
+}
+
+fn too_late_windows(r: &serde_json::Value) -> Vec<String> {
+    r["days"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| d["with_too_late_rows"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn backfill_restates_too_late_rows_equals_incremental_elsewhere_and_is_idempotent() {
+    // Live: the stragglers arrive after day 4 and are too late for every job.
+    let env = Env::new();
+    land_pair(&env, 1, &first(), T0 + 120);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 2, &day4(), T0 + 4 * DAY + 60);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 3, &stragglers(), T0 + 4 * DAY + 120);
+    env.run_ok(&["run"], 0);
+    assert_eq!(env.count("late/revenue_5m", "SELECT count(*) FROM t"), 1);
+    assert_eq!(env.count("late/sessions", "SELECT count(*) FROM t"), 1);
+    // Reference: the same events where the stragglers were on time (no too-late rows):
+    // what a restatement must produce.
+    let clean = Env::new();
+    let (mut o, mut c) = first();
+    o.extend(stragglers().0);
+    c.extend(stragglers().1);
+    land_pair(&clean, 1, &(o, c), T0 + 120);
+    clean.run_ok(&["run"], 0);
+    land_pair(&clean, 2, &day4(), T0 + 4 * DAY + 60);
+    clean.run_ok(&["run"], 0);
+
+    let before: Vec<Vec<String>> = JOBS
+        .iter()
+        .map(|j| env.snapshot(&format!("gold/{j}"), &SKIP))
+        .collect();
+    let expect_late = |job: &str| -> Vec<String> {
+        match job {
+            "revenue_5m" => vec!["A @ 2025-11-20T12:00:00Z".to_string()],
+            // A sliding 1 h window every 5 min: the straggler at 12:00:20 is in the 12
+            // windows starting 11:05 … 12:00.
+            "revenue_1h" => (0..12)
+                .map(|k| format!("A @ 2025-11-20T{}Z", hm(T0 - 3300 + k * 300)))
+                .collect(),
+            "sessions" => vec!["v2 @ 2025-11-20T12:00:50Z".to_string()],
+            _ => vec!["page_view @ 2025-11-20T12:00:00Z".to_string()],
+        }
+    };
+    for (i, job) in JOBS.iter().enumerate() {
+        let r = backfill(&env, job, D0, D4);
+        let mut late = too_late_windows(&r);
+        late.sort();
+        let mut want = expect_late(job);
+        want.sort();
+        assert_eq!(late, want, "{job}: {r}");
+        assert_eq!(changed(&r), want.len() as u64, "{job}: {r}");
+        assert_eq!(r["days"].as_array().unwrap().len(), 5);
+        let t = format!("gold/{job}");
+        let after = env.snapshot(&t, &SKIP);
+        assert_eq!(
+            after,
+            clean.snapshot(&t, &SKIP),
+            "{job}: restated = on-time run"
+        );
+        // Outside the windows holding too-late rows, nothing changed.
+        let differing = before[i].iter().filter(|r| !after.contains(r)).count();
+        assert_eq!(differing, want.len(), "{job}");
+        // Idempotent: a second run changes nothing.
+        let again = backfill(&env, job, D0, D4);
+        assert_eq!(changed(&again), 0, "{job}: {again}");
+        assert_eq!(env.snapshot(&t, &SKIP), after, "{job}");
+    }
+    // Sessions are whole: day 1 alone holds no session (v1's began at 23:50 on day 0),
+    // so it neither creates one at 00:10 nor deletes day 0's.
+    let r = backfill(&env, "sessions", "2025-11-21", "2025-11-21");
+    assert_eq!(r["days"][0]["windows"], 0);
+    assert_eq!(changed(&r), 0);
+    // The next live run keeps the restatement (day 0 is beyond the lookback).
+    env.land(
+        "orders/f4.ndjson",
+        &lines(&[order("o6", T0 + 4 * DAY + 10, "ord-6", "B", 1, 100)]),
+        T0 + 4 * DAY + 180,
+    );
+    env.run_ok(&["run", "--job", "revenue_5m"], 0);
+    assert_eq!(
+        env.query(
+            "gold/revenue_5m",
+            &format!("SELECT units FROM t WHERE sku = 'A' AND window_start = to_timestamp({T0})")
+        ),
+        vec![vec!["6"]]
+    );
+    // Jobs without a backfill say so on one line.
+    let err = env.fails_one_line(&[
+        "backfill",
+        "--job",
+        "payments_fast",
+        "--from",
+        D0,
+        "--to",
+        D0,
+    ]);
+    assert!(err.contains("not built yet"), "{err}");
+    let err = env.fails_one_line(&[
+        "backfill",
+        "--job",
+        "revenue_5m",
+        "--from",
+        "2025-13-01",
+        "--to",
+        D0,
+    ]);
+    assert!(
+        err.contains("--from") && err.contains("YYYY-MM-DD"),
+        "{err}"
+    );
+}
+
+fn hm(s: i64) -> String {
+    chrono::DateTime::from_timestamp(s, 0)
+        .unwrap()
+        .format("%H:%M:%S")
+        .to_string()
+}
+
+/// kill -9 after the first day: the progress file stays, the same command resumes with
+/// the second day and the result equals an uninterrupted backfill. A held job lease is
+/// waited for; `--reingest` ingests a landed file the incremental listing skipped.
+#[test]
+fn backfill_resumes_after_kill_9_waits_for_the_job_lease_and_reingests() {
+    let env = Env::new();
+    land_pair(&env, 1, &first(), T0 + 120);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 2, &day4(), T0 + 4 * DAY + 60);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 3, &stragglers(), T0 + 4 * DAY + 120);
+    env.run_ok(&["run"], 0);
+
+    let args = ["backfill", "--job", "revenue_5m", "--from", D0, "--to", D4];
+    let out = env.kestrel_env(&args, &[("KESTREL_FAULT", "backfill_after_day")]);
+    assert_eq!(out.status.code(), None, "killed");
+    let progress = env.warehouse().join("_kestrel/backfill/revenue_5m.json");
+    assert!(progress.exists());
+    let out = env.kestrel(&args);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("resuming: 1 day(s) already done"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("(done before the interruption)"),
+        "{stdout}"
+    );
+    assert!(!progress.exists());
+    assert_eq!(
+        env.query(
+            "gold/revenue_5m",
+            &format!("SELECT units FROM t WHERE sku = 'A' AND window_start = to_timestamp({T0})")
+        ),
+        vec![vec!["6"]]
+    );
+
+    // A batch of revenue_1h "running" on another host for 2 more seconds: wait for it.
+    let until = chrono::Utc::now() + chrono::Duration::seconds(2);
+    let lease = serde_json::json!({
+        "owner": "other-host:7", "host": "other-host", "pid": 7,
+        "acquired_at": chrono::Utc::now().to_rfc3339(), "expires_at": until.to_rfc3339(),
+    });
+    std::fs::create_dir_all(env.warehouse().join("_kestrel/leases")).unwrap();
+    std::fs::write(
+        env.warehouse().join("_kestrel/leases/job-revenue_1h.json"),
+        lease.to_string(),
+    )
+    .unwrap();
+    let out = env.kestrel(&["backfill", "--job", "revenue_1h", "--from", D0, "--to", D0]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("waiting for the running batch of revenue_1h (other-host:7)"),
+        "{err}"
+    );
+    assert!(chrono::Utc::now() >= until);
+
+    // A file whose name sorts before those already processed: `run` does not list it,
+    // `backfill --reingest` does, the job takes it (too late), and the restatement has it.
+    env.land(
+        "orders/a_missed.ndjson",
+        &lines(&[order("m1", T0 + 30, "ord-m", "C", 2, 900)]),
+        T0 + 4 * DAY + 300,
+    );
+    let out = env.run_ok(&["run", "--source", "orders"], 0);
+    assert!(out.contains("nothing new landed"), "{out}");
+    let out = env.run_ok(
+        &[
+            "backfill",
+            "--job",
+            "revenue_5m",
+            "--from",
+            D0,
+            "--to",
+            D0,
+            "--reingest",
+        ],
+        0,
+    );
+    assert!(out.contains("C @ 2025-11-20T12:00:00Z"), "{out}");
+    assert_eq!(
+        env.count("late/revenue_5m", "SELECT count(*) FROM t WHERE sku = 'C'"),
+        1
+    );
+    assert_eq!(
+        env.query(
+            "gold/revenue_5m",
+            &format!("SELECT units, revenue_cents FROM t WHERE sku = 'C' AND window_start = to_timestamp({T0})")
+        ),
+        vec![vec!["2", "900"]]
+    );
+}
