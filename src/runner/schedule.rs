@@ -211,8 +211,6 @@ impl Daemon {
 
     /// Run until `stop` is set (or the lease is lost).
     pub async fn run(self: Arc<Self>) -> Result<Summary> {
-        let mut lease = self.take_lease().await?;
-        self.lease_held.store(true, Ordering::SeqCst);
         let owner = format!(
             "{}:{}",
             std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -220,18 +218,22 @@ impl Daemon {
                 .unwrap_or_default(),
             std::process::id()
         );
-        let http_addr = match &self.opts.config.http {
-            Some(addr) => {
-                let (listener, local) = http::bind(addr).await?;
-                let d = self.clone();
-                tokio::spawn(http::serve(listener, move |path| {
-                    let d = d.clone();
-                    async move { d.http(&path).await }
-                }));
-                Some(local)
-            }
+        // Bind first (a taken port fails before the lease is touched), serve once the
+        // lease is ours.
+        let listener = match &self.opts.config.http {
+            Some(addr) => Some(http::bind(addr).await?),
             None => None,
         };
+        let mut lease = self.take_lease().await?;
+        self.lease_held.store(true, Ordering::SeqCst);
+        let http_addr = listener.map(|(listener, local)| {
+            let d = self.clone();
+            tokio::spawn(http::serve(listener, move |path| {
+                let d = d.clone();
+                async move { d.http(&path).await }
+            }));
+            local
+        });
         // Cron ticks only post the task; runs are spawned on a LocalSet on this thread
         // (job futures borrow across awaits and are not `Send`; DataFusion still runs
         // its partitions on the runtime's worker threads).
@@ -416,6 +418,11 @@ impl Daemon {
                     totals.0 += r.files();
                     totals.1 += r.rows_written();
                     totals.2 += r.quarantined();
+                }
+                // Another process (a `kestrel run` from cron) is ingesting it: jobs go on
+                // with the batches completed so far.
+                Err(Error::LeaseHeld { owner, .. }) => {
+                    info!(source = %s, %owner, "source busy; left to its lease holder");
                 }
                 Err(e) => failures.push(format!("{s}: {e}")),
             }
