@@ -168,6 +168,19 @@ enum Cmd {
     },
 }
 
+/// The job called `name`, or an error listing the known ones.
+fn find_job<'a>(
+    jobs: &'a std::collections::BTreeMap<String, kestrel::job::spec::JobSpec>,
+    name: &str,
+) -> anyhow::Result<&'a kestrel::job::spec::JobSpec> {
+    jobs.get(name).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown job `{name}` (known: {})",
+            jobs.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn,deltalake_core=error,deltalake=error,buoyant_kernel=off",
@@ -293,11 +306,7 @@ async fn run(
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
     let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
     for j in &only_jobs {
-        anyhow::ensure!(
-            all_jobs.contains_key(j),
-            "unknown job `{j}` (known: {})",
-            all_jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-        );
+        find_job(&all_jobs, j)?;
     }
     let lease_ttl = cfg.ingest.lease_ttl;
     let ing = Ingestor::with_schemas(
@@ -461,12 +470,7 @@ async fn stream(
     anyhow::ensure!(!interval.is_zero(), "--interval must be positive");
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
     let jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let spec = jobs.get(&job).cloned().ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown job `{job}` (known: {})",
-            jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-        )
-    })?;
+    let spec = find_job(&jobs, &job)?.clone();
     anyhow::ensure!(
         matches!(spec.kind, kestrel::job::spec::JobKind::Stockout { .. }),
         "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
@@ -549,11 +553,7 @@ async fn status(
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
     let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
     for j in &only_jobs {
-        anyhow::ensure!(
-            all_jobs.contains_key(j),
-            "unknown job `{j}` (known: {})",
-            all_jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-        );
+        find_job(&all_jobs, j)?;
     }
     let jobs: Vec<&kestrel::job::spec::JobSpec> = all_jobs
         .values()
@@ -755,12 +755,7 @@ async fn backfill(
     anyhow::ensure!(from <= to, "--from must not be after --to");
     let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
     let jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let spec = jobs.get(&job).cloned().ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown job `{job}` (known: {})",
-            jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-        )
-    })?;
+    let spec = find_job(&jobs, &job)?.clone();
     let stop = stop_on_signal("after the current day");
     let lease_ttl = cfg.ingest.lease_ttl;
     let ing = Ingestor::with_schemas(

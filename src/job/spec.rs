@@ -79,6 +79,31 @@ pub enum JobKind {
     Stockout { availability_table: String },
 }
 
+/// The parts of a declarative windowed job.
+pub struct AggregateParts<'a> {
+    pub keys: &'a [String],
+    pub window: &'a WindowSpec,
+    pub aggregates: &'a [(String, String)],
+}
+
+impl JobSpec {
+    /// Keys, window and aggregates of a windowed job; an error naming the job otherwise.
+    pub fn aggregate(&self) -> Result<AggregateParts<'_>> {
+        match &self.kind {
+            JobKind::Aggregate {
+                keys,
+                window,
+                aggregates,
+            } => Ok(AggregateParts {
+                keys,
+                window,
+                aggregates,
+            }),
+            _ => Err(Error::Other(format!("{} is not a windowed job", self.name))),
+        }
+    }
+}
+
 /// Which payments job: the five-minute fast match or the reconciliation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentMode {

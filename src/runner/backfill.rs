@@ -320,14 +320,11 @@ impl JobRunner {
         ctx: Option<&SessionContext>,
         late_ctx: Option<&SessionContext>,
     ) -> Result<DayReport> {
-        let JobKind::Aggregate {
+        let crate::job::spec::AggregateParts {
             keys,
             window,
             aggregates,
-        } = &spec.kind
-        else {
-            return Err(Error::Other(format!("{} is not a windowed job", spec.name)));
-        };
+        } = spec.aggregate()?;
         let bronze = self.source_schema(&spec.sources[0])?.bronze.clone();
         let input_schema = agg::job_input_schema(&bronze);
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
@@ -400,7 +397,7 @@ impl JobRunner {
         } else {
             "window_start"
         };
-        let mut ident: Vec<String> = keys.clone();
+        let mut ident: Vec<String> = keys.to_vec();
         ident.push(start_col.to_string());
         let values: Vec<String> = gold_schema
             .fields()

@@ -523,14 +523,11 @@ impl JobRunner {
         plan: &JobPlan,
         mut state: JobState,
     ) -> Result<Computed> {
-        let JobKind::Aggregate {
+        let crate::job::spec::AggregateParts {
             keys,
             window,
             aggregates,
-        } = &spec.kind
-        else {
-            return Err(Error::Other(format!("{} is not a windowed job", spec.name)));
-        };
+        } = spec.aggregate()?;
         let source = &spec.sources[0];
         let schema = self.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;

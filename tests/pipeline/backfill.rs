@@ -54,6 +54,18 @@ fn land_pair(env: &Env, k: usize, (orders, clicks): &(Vec<String>, Vec<String>),
     env.land(&format!("clickstream/f{k}.ndjson"), &lines(clicks), at);
 }
 
+/// The live run: the stragglers arrive after day 4 and are too late for every job.
+fn live() -> Env {
+    let env = Env::new();
+    land_pair(&env, 1, &first(), T0 + 120);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 2, &day4(), T0 + 4 * DAY + 60);
+    env.run_ok(&["run"], 0);
+    land_pair(&env, 3, &stragglers(), T0 + 4 * DAY + 120);
+    env.run_ok(&["run"], 0);
+    env
+}
+
 const JOBS: [&str; 4] = ["revenue_5m", "revenue_1h", "sessions", "clickstream_5m"];
 const SKIP: [&str; 2] = ["_updated_at", "_batch_id"];
 
@@ -88,14 +100,7 @@ fn too_late_windows(r: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn backfill_restates_too_late_rows_equals_incremental_elsewhere_and_is_idempotent() {
-    // Live: the stragglers arrive after day 4 and are too late for every job.
-    let env = Env::new();
-    land_pair(&env, 1, &first(), T0 + 120);
-    env.run_ok(&["run"], 0);
-    land_pair(&env, 2, &day4(), T0 + 4 * DAY + 60);
-    env.run_ok(&["run"], 0);
-    land_pair(&env, 3, &stragglers(), T0 + 4 * DAY + 120);
-    env.run_ok(&["run"], 0);
+    let env = live();
     assert_eq!(env.count("late/revenue_5m", "SELECT count(*) FROM t"), 1);
     assert_eq!(env.count("late/sessions", "SELECT count(*) FROM t"), 1);
     // Reference: the same events where the stragglers were on time (no too-late rows):
@@ -206,13 +211,7 @@ fn hm(s: i64) -> String {
 /// waited for; `--reingest` ingests a landed file the incremental listing skipped.
 #[test]
 fn backfill_resumes_after_kill_9_waits_for_the_job_lease_and_reingests() {
-    let env = Env::new();
-    land_pair(&env, 1, &first(), T0 + 120);
-    env.run_ok(&["run"], 0);
-    land_pair(&env, 2, &day4(), T0 + 4 * DAY + 60);
-    env.run_ok(&["run"], 0);
-    land_pair(&env, 3, &stragglers(), T0 + 4 * DAY + 120);
-    env.run_ok(&["run"], 0);
+    let env = live();
 
     let args = ["backfill", "--job", "revenue_5m", "--from", D0, "--to", D4];
     let out = env.kestrel_env(&args, &[("KESTREL_FAULT", "backfill_after_day")]);
