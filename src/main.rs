@@ -91,15 +91,15 @@ enum Cmd {
         #[arg(long)]
         wait: bool,
     },
-    /// Recompute a windowed job's gold rows for a range of window dates from bronze,
-    /// including events that were too late for the live job (a restatement); reports
-    /// the windows that changed and those holding too-late rows. Idempotent; Ctrl-C
-    /// stops between days and the same command resumes.
+    /// Recompute a job's gold rows for a range of dates from bronze, including events
+    /// that were too late for the live job (a restatement); reports the windows (orders)
+    /// that changed and those holding too-late rows. Idempotent; Ctrl-C stops between
+    /// days and the same command resumes. Windowed and payment jobs.
     Backfill {
         /// The job.
         #[arg(long)]
         job: String,
-        /// First window date (UTC), YYYY-MM-DD.
+        /// First date (UTC) of windows, sessions or orders, YYYY-MM-DD.
         #[arg(long)]
         from: String,
         /// Last window date (UTC), inclusive.

@@ -1,14 +1,18 @@
-//! `kestrel backfill --job J --from DATE --to DATE`: recompute a windowed job's gold rows
-//! for a range of window dates from bronze — a restatement.
+//! `kestrel backfill --job J --from DATE --to DATE`: recompute a job's gold rows for a
+//! range of dates from bronze — a restatement. Windowed jobs and the payment jobs have
+//! it; the stock-out job not yet.
 //!
 //! - Input: every bronze row the job has consumed (ingestion batches up to the job's
 //!   position), *including* rows that were too late for the live job: they are in bronze,
 //!   and a backfill is the deliberate place to apply them. So the result equals the
 //!   incremental one except in windows holding too-late rows; those are reported.
-//! - One day at a time (the gold table's `window_date` partition): a window (or session)
-//!   belongs to the day it starts in. A day reads the history its windows need: events
-//!   of the day plus one window length after it; for sessions, one gap before the day (to
-//!   know where sessions start) and as far after it as sessions starting in the day run.
+//! - One day at a time (the gold table's date partition): a window (or session) belongs
+//!   to the day it starts in, an order to the day of its order_ts (an orphan payment to
+//!   its first payment's). A day reads the history its rows need: events of the day plus
+//!   one window length after it; for sessions, one gap before the day (to know where
+//!   sessions start) and as far after it as sessions starting in the day run; for the
+//!   payment jobs, every order_id with a line or payment that day, with all its lines and
+//!   payments within `horizon` of the day.
 //! - The day's recomputed rows are compared with its gold rows; only windows that change
 //!   (new, different or gone) are MERGEd, in one commit per day (app id
 //!   `kestrel-backfill-<job>`). A re-run changes nothing: idempotent.
@@ -33,15 +37,15 @@ use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::batch::{now_us, JobRunner, GOLD_PARTITION};
+use super::batch::{micros, now_us, JobRunner, GOLD_PARTITION};
 use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
+use crate::job::payments::{self as pay, Touches};
 use crate::job::plan;
-use crate::job::spec::{JobKind, JobSpec};
+use crate::job::spec::{JobKind, JobSpec, PaymentMode, PaymentParams};
 use crate::lease::Lease;
 use crate::runlog;
-use crate::runner::ingest::bronze_path;
 use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
 use crate::sink::late;
@@ -115,6 +119,37 @@ struct Checkpoint {
     done: Vec<i32>,
 }
 
+/// What a day's recompute reads: the job's state after its last batch.
+struct DayInput {
+    watermark: Option<Micros>,
+    positions: BTreeMap<String, i64>,
+    as_of_batch: i64,
+}
+
+impl DayInput {
+    fn position(&self, source: &str) -> i64 {
+        self.positions.get(source).copied().unwrap_or(0)
+    }
+}
+
+/// A day's recomputed gold rows (merge schema, all upserts, all in the day's partition).
+struct Restated {
+    rows: RecordBatch,
+    gold_schema: SchemaRef,
+    /// Columns that identify a row (the merge keys).
+    ident: Vec<String>,
+    partition: &'static str,
+    with_too_late: Vec<String>,
+}
+
+/// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
+/// event times `[from, to)`, restricted to their event dates.
+fn consumed_in((from, to): (Micros, Micros), position: i64) -> datafusion::prelude::Expr {
+    read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
+        .and(read::in_ranges("event_ts", &[(from, to)]))
+        .and(col("_batch_id").lt_eq(lit(position)))
+}
+
 fn progress_key(job: &str) -> String {
     format!("_kestrel/backfill/{job}.json")
 }
@@ -162,6 +197,35 @@ fn formatters<'a>(b: &'a RecordBatch, columns: &[String]) -> Result<Vec<ArrayFor
         .collect()
 }
 
+/// The restated orders (`rows`) with a row in the late ledger, as `order_id @ date`.
+async fn too_late_orders(
+    lctx: &SessionContext,
+    rows: &RecordBatch,
+    (from, to): (Micros, Micros),
+    day: i32,
+) -> Result<Vec<String>> {
+    if rows.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let ids = agg::string_column(rows, pay::ORDER_ID)?;
+    let keys = read::keys_batch(ids.iter().flatten())?;
+    let target: SchemaRef = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new(pay::ORDER_ID, arrow::datatypes::DataType::Utf8, true),
+    ]));
+    let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
+        .and(read::in_ranges("event_ts", &[(from, to)]));
+    let found = read::read_keys(lctx, "late", filter, pay::ORDER_ID, &keys, &target).await?;
+    let found = agg::string_column(&found, pay::ORDER_ID)?;
+    let mut out: Vec<String> = found
+        .iter()
+        .flatten()
+        .map(|id| format!("{id} @ {}", date_string(day)))
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 impl JobRunner {
     /// Restate `spec`'s windows of `opts.from ..= opts.to`; see the module docs.
     pub async fn backfill(
@@ -170,9 +234,9 @@ impl JobRunner {
         opts: &BackfillOptions,
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
-        if !matches!(spec.kind, JobKind::Aggregate { .. }) {
+        if matches!(spec.kind, JobKind::Stockout { .. }) {
             return Err(Error::Other(format!(
-                "backfill of `{}` is not built yet: only the windowed (declarative) jobs have it; its operator restates late data with `kestrel run` inside the lookback",
+                "backfill of `{}` is not built yet: the windowed and payment jobs have it; the stock-out operator corrects late data inside the lookback by itself",
                 spec.name
             )));
         }
@@ -229,8 +293,6 @@ impl JobRunner {
                 )))
             }
         };
-        let source = &spec.sources[0];
-        let position = state.positions.get(source).copied().unwrap_or(0);
         let key = progress_key(&spec.name);
         let fresh = Checkpoint {
             from: opts.from,
@@ -257,10 +319,12 @@ impl JobRunner {
             as_of_batch: done_batch,
             days: Vec::new(),
         };
-        let bronze = self.wh.open(&bronze_path(source)).await?;
-        let ctx = match &bronze {
-            Some(t) => Some(delta::session_with(t, "bronze").await?),
-            None => None,
+        // Every source's bronze as `bronze_<source>`.
+        let ctx = self.payments_session(spec).await?;
+        let input = DayInput {
+            watermark: state.watermark.current,
+            positions: state.positions.clone(),
+            as_of_batch: done_batch,
         };
         let late_ctx = match self.wh.open(&late::table_path(&spec.name)).await? {
             Some(t) => Some(delta::session_with(&t, "late").await?),
@@ -286,15 +350,7 @@ impl JobRunner {
                 )));
             }
             let d = self
-                .backfill_day(
-                    spec,
-                    day,
-                    &state.watermark.current,
-                    position,
-                    done_batch,
-                    ctx.as_ref(),
-                    late_ctx.as_ref(),
-                )
+                .backfill_day(spec, day, &input, &ctx, late_ctx.as_ref())
                 .await?;
             ck.done.push(day);
             let body = serde_json::to_vec_pretty(&ck).map_err(|e| Error::Other(e.to_string()))?;
@@ -308,38 +364,53 @@ impl JobRunner {
         Ok(report)
     }
 
-    /// Recompute and MERGE one day's windows.
-    #[allow(clippy::too_many_arguments)]
+    /// Recompute one day and MERGE what changed.
     async fn backfill_day(
         &self,
         spec: &JobSpec,
         day: i32,
-        watermark: &Option<Micros>,
-        position: i64,
-        as_of_batch: i64,
-        ctx: Option<&SessionContext>,
+        input: &DayInput,
+        ctx: &SessionContext,
         late_ctx: Option<&SessionContext>,
     ) -> Result<DayReport> {
+        let r = match &spec.kind {
+            JobKind::Payments { mode, params } => {
+                self.restate_payments(spec, *mode, params, day, input, ctx, late_ctx)
+                    .await?
+            }
+            _ => {
+                self.restate_windows(spec, day, input, ctx, late_ctx)
+                    .await?
+            }
+        };
+        self.apply_restated(spec, day, r).await
+    }
+
+    /// A windowed job's rows of windows starting on `day`.
+    async fn restate_windows(
+        &self,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+        ctx: &SessionContext,
+        late_ctx: Option<&SessionContext>,
+    ) -> Result<Restated> {
         let crate::job::spec::AggregateParts {
             keys,
             window,
             aggregates,
         } = spec.aggregate()?;
-        let bronze = self.source_schema(&spec.sources[0])?.bronze.clone();
+        let source = &spec.sources[0];
+        let bronze = self.source_schema(source)?.bronze.clone();
         let input_schema = agg::job_input_schema(&bronze);
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
-        let consumed = col("_batch_id").lt_eq(lit(position));
+        let position = input.position(source);
+        let table = super::payments::table(source);
         let read_range = |from: Micros, to: Micros| {
-            let filter = read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
-                .and(read::in_ranges("event_ts", &[(from, to)]))
-                .and(consumed.clone());
+            let filter = consumed_in((from, to), position);
             let schema = input_schema.clone();
-            async move {
-                match ctx {
-                    Some(ctx) => read::read(ctx, "bronze", filter, &schema).await,
-                    None => Ok(RecordBatch::new_empty(schema)),
-                }
-            }
+            let table = table.clone();
+            async move { read::read(ctx, &table, filter, &schema).await }
         };
         let mut enc = KeyEncoder::new(&input_schema, keys)?;
         let session = matches!(window, WindowSpec::Session { .. });
@@ -383,15 +454,14 @@ impl JobRunner {
         let (agg_schema, out) = agg::aggregate(assigned.clone(), keys, aggregates, session).await?;
         let gold_schema = agg::gold_schema(&agg_schema, keys, session);
         let stamp = GoldStamp {
-            w_after: *watermark,
+            w_after: input.watermark,
             final_after,
-            batch_id: as_of_batch,
+            batch_id: input.as_of_batch,
             now_us: now_us(),
         };
         let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
         let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
 
-        // The day's gold rows, compared by key and by every column that is data.
         let start_col = if session {
             "session_start"
         } else {
@@ -399,6 +469,117 @@ impl JobRunner {
         };
         let mut ident: Vec<String> = keys.to_vec();
         ident.push(start_col.to_string());
+        // Windows holding rows that were too late for the live job.
+        let with_too_late = match late_ctx {
+            Some(lctx) => {
+                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
+                    .await?
+            }
+            None => Vec::new(),
+        };
+
+        Ok(Restated {
+            rows: new,
+            gold_schema,
+            ident,
+            partition: GOLD_PARTITION,
+            with_too_late,
+        })
+    }
+
+    /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
+    /// their first payment): every order_id with a line or payment that day, evaluated
+    /// from all its consumed lines and payments within `horizon` of the day.
+    #[allow(clippy::too_many_arguments)]
+    async fn restate_payments(
+        &self,
+        spec: &JobSpec,
+        mode: PaymentMode,
+        params: &PaymentParams,
+        day: i32,
+        input: &DayInput,
+        ctx: &SessionContext,
+        late_ctx: Option<&SessionContext>,
+    ) -> Result<Restated> {
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let horizon = micros(params.horizon);
+        let mut touches = Touches::default();
+        let touch_cols: Vec<String> = vec![pay::ORDER_ID.into(), "event_ts".into()];
+        for s in &spec.sources {
+            let target = agg::project(&self.source_schema(s)?.bronze, &touch_cols)?;
+            let rows = read::read(
+                ctx,
+                &super::payments::table(s),
+                consumed_in((lo, hi), input.position(s)),
+                &target,
+            )
+            .await?;
+            touches.add(&rows)?;
+        }
+        let keys = touches.keys_batch()?;
+        let read_side = |source: String, cols: &'static [&'static str]| {
+            let keys = &keys;
+            async move {
+                let cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+                let target = agg::project(&self.source_schema(&source)?.bronze, &cols)?;
+                if keys.num_rows() == 0 {
+                    return Ok::<_, Error>(RecordBatch::new_empty(target));
+                }
+                let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
+                let table = super::payments::table(&source);
+                read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
+            }
+        };
+        let o = read_side(spec.sources[0].clone(), &pay::ORDER_INPUT).await?;
+        let p = read_side(spec.sources[1].clone(), &pay::PAYMENT_INPUT).await?;
+        let facts = pay::facts(o, p, params.business_window).await?;
+        let stamp = pay::Stamp {
+            w_before: None,
+            w_after: input.watermark,
+            batch_id: input.as_of_batch,
+            now_us: now_us(),
+        };
+        let (out, gold_schema) = match mode {
+            PaymentMode::Fast => (
+                pay::fast_rows(&facts, params, stamp, &std::collections::HashSet::new())?,
+                pay::fast_schema(),
+            ),
+            PaymentMode::Reconcile => (
+                pay::reconciliation_rows(&facts, params, stamp)?,
+                pay::reconciliation_schema(),
+            ),
+        };
+        // Only rows anchored on this day; the others belong to their own day.
+        let dates = out
+            .rows
+            .column_by_name(pay::ORDER_DATE)
+            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
+            .ok_or_else(|| Error::Other("payments rows lack order_date".into()))?;
+        let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
+        let rows = filter_record_batch(&out.rows, &keep)?;
+        let with_too_late = match late_ctx {
+            Some(lctx) => too_late_orders(lctx, &rows, (lo - horizon, hi + horizon), day).await?,
+            None => Vec::new(),
+        };
+        Ok(Restated {
+            rows,
+            gold_schema,
+            ident: vec![pay::ORDER_ID.to_string()],
+            partition: pay::ORDER_DATE,
+            with_too_late,
+        })
+    }
+
+    /// Compare `r` with the day's gold partition and MERGE the windows that changed (new,
+    /// different, gone) in one commit.
+    async fn apply_restated(&self, spec: &JobSpec, day: i32, r: Restated) -> Result<DayReport> {
+        let Restated {
+            rows: new,
+            gold_schema,
+            ident,
+            partition,
+            with_too_late,
+        } = r;
         let values: Vec<String> = gold_schema
             .fields()
             .iter()
@@ -411,7 +592,7 @@ impl JobRunner {
                 read::read(
                     &gctx,
                     "gold",
-                    read::dates_in(GOLD_PARTITION, &[day]),
+                    read::dates_in(partition, &[day]),
                     &gold_schema,
                 )
                 .await?
@@ -446,15 +627,6 @@ impl JobRunner {
             .map(|(_, (_, i))| *i as u32)
             .collect();
         gone_idx.sort_unstable();
-
-        // Windows holding rows that were too late for the live job.
-        let with_too_late = match late_ctx {
-            Some(lctx) => {
-                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
-                    .await?
-            }
-            None => Vec::new(),
-        };
 
         let report = DayReport {
             date: date_string(day),
@@ -498,7 +670,7 @@ impl JobRunner {
         let version = delta::txn_version(&table, &app).await?.unwrap_or(0) + 1;
         let ms = MergeSpec {
             keys: &out.keys,
-            partition: (GOLD_PARTITION, vec![ScalarValue::Date32(Some(day))]),
+            partition: (partition, vec![ScalarValue::Date32(Some(day))]),
             columns: gold_schema
                 .fields()
                 .iter()

@@ -28,8 +28,8 @@ use crate::runner::ingest::bronze_path;
 use crate::runner::read;
 use crate::sink::{delta, late};
 
-/// Name of a source's bronze table in the batch's session.
-fn table(source: &str) -> String {
+/// Name of a source's bronze table in the batch's session (and a backfill's).
+pub(super) fn table(source: &str) -> String {
     format!("bronze_{source}")
 }
 
@@ -38,9 +38,9 @@ fn columns(names: &[&str]) -> Vec<String> {
 }
 
 impl JobRunner {
-    /// A session with both sources' bronze tables (an empty table for a source that has
+    /// A session with every source's bronze table (an empty table for a source that has
     /// no bronze yet).
-    async fn payments_session(&self, spec: &JobSpec) -> Result<SessionContext> {
+    pub(super) async fn payments_session(&self, spec: &JobSpec) -> Result<SessionContext> {
         let ctx = delta::session();
         for s in &spec.sources {
             match self.wh.open(&bronze_path(s)).await? {
