@@ -94,12 +94,12 @@ enum Cmd {
     /// Recompute a job's gold rows for a range of dates from bronze, including events
     /// that were too late for the live job (a restatement); reports the windows (orders)
     /// that changed and those holding too-late rows. Idempotent; Ctrl-C stops between
-    /// days and the same command resumes. Windowed and payment jobs.
+    /// days and the same command resumes.
     Backfill {
         /// The job.
         #[arg(long)]
         job: String,
-        /// First date (UTC) of windows, sessions or orders, YYYY-MM-DD.
+        /// First date (UTC) of windows, sessions, orders or alert minutes, YYYY-MM-DD.
         #[arg(long)]
         from: String,
         /// Last window date (UTC), inclusive.

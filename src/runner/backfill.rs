@@ -1,6 +1,5 @@
 //! `kestrel backfill --job J --from DATE --to DATE`: recompute a job's gold rows for a
-//! range of dates from bronze — a restatement. Windowed jobs and the payment jobs have
-//! it; the stock-out job not yet.
+//! range of dates from bronze — a restatement (windowed, payment and stock-out jobs).
 //!
 //! - Input: every bronze row the job has consumed (ingestion batches up to the job's
 //!   position), *including* rows that were too late for the live job: they are in bronze,
@@ -12,7 +11,8 @@
 //!   one window length after it; for sessions, one gap before the day (to know where
 //!   sessions start) and as far after it as sessions starting in the day run; for the
 //!   payment jobs, every order_id with a line or payment that day, with all its lines and
-//!   payments within `horizon` of the day.
+//!   payments within `horizon` of the day; for stock-outs, every sku with an event that
+//!   day, replayed from its last `count` before the day (its state's history).
 //! - The day's recomputed rows are compared with its gold rows; only windows that change
 //!   (new, different or gone) are MERGEd, in one commit per day (app id
 //!   `kestrel-backfill-<job>`). A re-run changes nothing: idempotent.
@@ -44,6 +44,7 @@ use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, To
 use crate::job::payments::{self as pay, Touches};
 use crate::job::plan;
 use crate::job::spec::{JobKind, JobSpec, PaymentMode, PaymentParams};
+use crate::job::stockout as so;
 use crate::lease::Lease;
 use crate::runlog;
 use crate::runner::read;
@@ -234,9 +235,10 @@ impl JobRunner {
         opts: &BackfillOptions,
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
-        if matches!(spec.kind, JobKind::Stockout { .. }) {
+        let stream = super::stream::lease_name(&spec.name);
+        if let Some(owner) = Lease::live_holder(&self.wh, &stream).await? {
             return Err(Error::Other(format!(
-                "backfill of `{}` is not built yet: the windowed and payment jobs have it; the stock-out operator corrects late data inside the lookback by itself",
+                "`{}` runs always-on ({owner}): stop its stream to backfill it",
                 spec.name
             )));
         }
@@ -376,6 +378,10 @@ impl JobRunner {
         let r = match &spec.kind {
             JobKind::Payments { mode, params } => {
                 self.restate_payments(spec, *mode, params, day, input, ctx, late_ctx)
+                    .await?
+            }
+            JobKind::Stockout { .. } => {
+                self.restate_stockout(spec, day, input, ctx, late_ctx)
                     .await?
             }
             _ => {
@@ -570,6 +576,162 @@ impl JobRunner {
         })
     }
 
+    /// The stock-out alerts of minutes on `day`: every sku with an event that day,
+    /// replayed from its last `count` before the day (or its first event) through the
+    /// day. `detected_at` of an alert that exists is kept. `sku_availability` (the live
+    /// job's state) is not restated.
+    async fn restate_stockout(
+        &self,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+        ctx: &SessionContext,
+        late_ctx: Option<&SessionContext>,
+    ) -> Result<Restated> {
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let source = &spec.sources[0];
+        let bronze = self.source_schema(source)?.bronze.clone();
+        let table = super::payments::table(source);
+        let pos = input.position(source);
+        let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
+        let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;
+        let skus: std::collections::BTreeSet<String> = agg::string_column(&touched, "sku")?
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .collect();
+        let keys = read::keys_batch(skus.iter().map(String::as_str))?;
+        // Where each sku's replay starts: its last count before the day.
+        let counts = if skus.is_empty() {
+            RecordBatch::new_empty(sku_ts.clone())
+        } else {
+            let filter = col("kind")
+                .eq(lit("count"))
+                .and(col("event_ts").lt(read::ts_lit(lo)))
+                .and(col("_batch_id").lt_eq(lit(pos)));
+            read::read_keys(ctx, &table, filter, "sku", &keys, &sku_ts).await?
+        };
+        let mut start: HashMap<String, Micros> = HashMap::new();
+        {
+            let (sku, ts) = (agg::string_column(&counts, "sku")?, agg::event_ts(&counts)?);
+            for i in 0..counts.num_rows() {
+                let e = start.entry(sku.value(i).to_string()).or_insert(Micros::MIN);
+                *e = (*e).max(ts.value(i));
+            }
+        }
+        let from = if skus.iter().all(|s| start.contains_key(s)) {
+            start.values().copied().min().unwrap_or(lo)
+        } else {
+            Micros::MIN / 2 // a sku that never had a count: its whole history
+        };
+        let cols: Vec<String> = so::INPUT.iter().map(|c| c.to_string()).collect();
+        let target = agg::project(&bronze, &cols)?;
+        let events = if skus.is_empty() {
+            RecordBatch::new_empty(target)
+        } else {
+            let filter =
+                read::in_ranges("event_ts", &[(from, hi)]).and(col("_batch_id").lt_eq(lit(pos)));
+            let filter = if hi - from < 1100 * DAY {
+                read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, hi)])).and(filter)
+            } else {
+                filter
+            };
+            read::read_keys(ctx, &table, filter, "sku", &keys, &target).await?
+        };
+        // Existing alerts of the day keep their detected_at.
+        let existing = match self.wh.open(&spec.table).await? {
+            Some(t) => {
+                let gctx = delta::session_with(&t, "alerts").await?;
+                let b = read::read(
+                    &gctx,
+                    "alerts",
+                    read::dates_in(so::ALERT_DATE, &[day]),
+                    &so::alerts_schema(),
+                )
+                .await?;
+                so::alerts_from(&b)?
+            }
+            None => BTreeMap::new(),
+        };
+        let now = now_us();
+        let mut changes = so::AlertChanges::default();
+        for (sku, evs) in so::events_by_sku(&events)? {
+            let begin = start.get(&sku).copied().unwrap_or(Micros::MIN);
+            let evs: Vec<so::Event> = evs.into_iter().filter(|e| e.key.ts >= begin).collect();
+            let (_, stockouts) = so::apply(&so::Point::default(), &evs);
+            for (minute, st) in so::per_minute(&stockouts) {
+                if minute < lo || minute >= hi {
+                    continue;
+                }
+                let detected_at = existing
+                    .get(&sku)
+                    .and_then(|v| v.iter().find(|a| a.minute == minute))
+                    .map_or(now, |a| a.detected_at);
+                changes.upserts.push(so::Alert {
+                    sku: sku.clone(),
+                    minute,
+                    first_stockout_ts: st.ts,
+                    on_hand: st.on_hand,
+                    detected_at,
+                });
+            }
+        }
+        let rows = so::alert_rows(&changes, input.as_of_batch, now)?;
+        // Alerts of a sku with a too-late event in its replay before the alert.
+        let with_too_late = match late_ctx {
+            Some(lctx) if !skus.is_empty() => {
+                let filter = read::in_ranges("event_ts", &[(from, hi)]);
+                let filter = if hi - from < 1100 * DAY {
+                    read::dates_in(late::PARTITION, &agg::dates_of(&[(from, hi)])).and(filter)
+                } else {
+                    filter
+                };
+                let late_rows =
+                    read::read_keys(lctx, "late", filter, "sku", &keys, &sku_ts).await?;
+                let (sku, ts) = (
+                    agg::string_column(&late_rows, "sku")?,
+                    agg::event_ts(&late_rows)?,
+                );
+                let mut late_at: HashMap<&str, Vec<Micros>> = HashMap::new();
+                for i in 0..late_rows.num_rows() {
+                    late_at.entry(sku.value(i)).or_default().push(ts.value(i));
+                }
+                // Restated alerts and the day's existing ones (a late event can cancel one).
+                let candidates = changes
+                    .upserts
+                    .iter()
+                    .chain(existing.values().flatten())
+                    .filter(|a| a.minute >= lo && a.minute < hi);
+                let mut out: Vec<String> = candidates
+                    .filter(|a| {
+                        let begin = start.get(&a.sku).copied().unwrap_or(Micros::MIN);
+                        late_at.get(a.sku.as_str()).is_some_and(|v| {
+                            v.iter().any(|t| *t >= begin && *t <= a.first_stockout_ts)
+                        })
+                    })
+                    .map(|a| {
+                        let m = chrono::DateTime::from_timestamp_micros(a.minute)
+                            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                            .unwrap_or_default();
+                        format!("{} @ {m}", a.sku)
+                    })
+                    .collect();
+                out.dedup();
+                out.sort();
+                out.dedup();
+                out
+            }
+            _ => Vec::new(),
+        };
+        Ok(Restated {
+            rows,
+            gold_schema: so::alerts_schema(),
+            ident: vec!["sku".to_string(), "minute".to_string()],
+            partition: so::ALERT_DATE,
+            with_too_late,
+        })
+    }
+
     /// Compare `r` with the day's gold partition and MERGE the windows that changed (new,
     /// different, gone) in one commit.
     async fn apply_restated(&self, spec: &JobSpec, day: i32, r: Restated) -> Result<DayReport> {
@@ -584,7 +746,11 @@ impl JobRunner {
             .fields()
             .iter()
             .map(|f| f.name().clone())
-            .filter(|n| !ident.contains(n) && n != "_updated_at" && n != "_batch_id")
+            // Processing-time and bookkeeping columns are not data.
+            .filter(|n| {
+                !ident.contains(n)
+                    && !["_updated_at", "_batch_id", "detected_at"].contains(&n.as_str())
+            })
             .collect();
         let existing = match self.wh.open(&spec.table).await? {
             Some(t) => {

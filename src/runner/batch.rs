@@ -68,7 +68,7 @@ pub(super) fn micros(d: std::time::Duration) -> Micros {
 pub struct JobReport {
     pub job: String,
     pub batches: Vec<JobEntry>,
-    /// Why the job did not run (an operator that is not built yet).
+    /// Why the job did not run (e.g. it runs always-on in a stream).
     pub skipped: Option<String>,
     /// The job's watermark after this run (also when no batch ran).
     pub watermark: Option<Micros>,
