@@ -120,11 +120,14 @@ struct Checkpoint {
     done: Vec<i32>,
 }
 
-/// What a day's recompute reads: the job's state after its last batch.
+/// What a day's recompute reads: the job's state after its last batch, and sessions
+/// over every source's bronze (`bronze_<source>`) and the job's late ledger (`late`).
 struct DayInput {
     watermark: Option<Micros>,
     positions: BTreeMap<String, i64>,
     as_of_batch: i64,
+    ctx: SessionContext,
+    late: Option<SessionContext>,
 }
 
 impl DayInput {
@@ -323,14 +326,16 @@ impl JobRunner {
         };
         // Every source's bronze as `bronze_<source>`.
         let ctx = self.payments_session(spec).await?;
+        let late = match self.wh.open(&late::table_path(&spec.name)).await? {
+            Some(t) => Some(delta::session_with(&t, "late").await?),
+            None => None,
+        };
         let input = DayInput {
             watermark: state.watermark.current,
             positions: state.positions.clone(),
             as_of_batch: done_batch,
-        };
-        let late_ctx = match self.wh.open(&late::table_path(&spec.name)).await? {
-            Some(t) => Some(delta::session_with(&t, "late").await?),
-            None => None,
+            ctx,
+            late,
         };
         for day in opts.from..=opts.to {
             if ck.done.contains(&day) {
@@ -351,9 +356,7 @@ impl JobRunner {
                     opts.to - opts.from + 1
                 )));
             }
-            let d = self
-                .backfill_day(spec, day, &input, &ctx, late_ctx.as_ref())
-                .await?;
+            let d = self.backfill_day(spec, day, &input).await?;
             ck.done.push(day);
             let body = serde_json::to_vec_pretty(&ck).map_err(|e| Error::Other(e.to_string()))?;
             self.wh.loc.put(&key, body).await?;
@@ -367,27 +370,14 @@ impl JobRunner {
     }
 
     /// Recompute one day and MERGE what changed.
-    async fn backfill_day(
-        &self,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-        ctx: &SessionContext,
-        late_ctx: Option<&SessionContext>,
-    ) -> Result<DayReport> {
+    async fn backfill_day(&self, spec: &JobSpec, day: i32, input: &DayInput) -> Result<DayReport> {
         let r = match &spec.kind {
             JobKind::Payments { mode, params } => {
-                self.restate_payments(spec, *mode, params, day, input, ctx, late_ctx)
+                self.restate_payments(spec, *mode, params, day, input)
                     .await?
             }
-            JobKind::Stockout { .. } => {
-                self.restate_stockout(spec, day, input, ctx, late_ctx)
-                    .await?
-            }
-            _ => {
-                self.restate_windows(spec, day, input, ctx, late_ctx)
-                    .await?
-            }
+            JobKind::Stockout { .. } => self.restate_stockout(spec, day, input).await?,
+            _ => self.restate_windows(spec, day, input).await?,
         };
         self.apply_restated(spec, day, r).await
     }
@@ -398,9 +388,8 @@ impl JobRunner {
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
-        ctx: &SessionContext,
-        late_ctx: Option<&SessionContext>,
     ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
         let crate::job::spec::AggregateParts {
             keys,
             window,
@@ -496,7 +485,6 @@ impl JobRunner {
     /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
     /// their first payment): every order_id with a line or payment that day, evaluated
     /// from all its consumed lines and payments within `horizon` of the day.
-    #[allow(clippy::too_many_arguments)]
     async fn restate_payments(
         &self,
         spec: &JobSpec,
@@ -504,9 +492,8 @@ impl JobRunner {
         params: &PaymentParams,
         day: i32,
         input: &DayInput,
-        ctx: &SessionContext,
-        late_ctx: Option<&SessionContext>,
     ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let horizon = micros(params.horizon);
         let mut touches = Touches::default();
@@ -585,9 +572,8 @@ impl JobRunner {
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
-        ctx: &SessionContext,
-        late_ctx: Option<&SessionContext>,
     ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let source = &spec.sources[0];
         let bronze = self.source_schema(source)?.bronze.clone();
