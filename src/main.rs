@@ -65,6 +65,10 @@ enum Cmd {
         /// Duplicate deliveries are removed within this much arrival time.
         #[arg(long, default_value = "26h")]
         dedup_ttl: String,
+        /// Compact, checkpoint and vacuum the job's tables between polls this often
+        /// ([maintain] settings); `off` never does.
+        #[arg(long, default_value = "1h")]
+        maintain_every: String,
     },
     /// Last runs, watermarks, late and quarantined counts, and gold-table freshness.
     Status {
@@ -292,7 +296,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             max_polls,
             idle_polls,
             dedup_ttl,
-        } => stream(cfg, job, interval, max_polls, idle_polls, dedup_ttl).await,
+            maintain_every,
+        } => {
+            let maintain_every = match maintain_every.as_str() {
+                "off" => None,
+                v => Some(kestrel::config::parse_duration(v).map_err(|e| {
+                    anyhow::anyhow!(
+                        "--maintain-every: expected a duration such as 1h, or off ({e})"
+                    )
+                })?),
+            };
+            stream(
+                cfg,
+                job,
+                interval,
+                max_polls,
+                idle_polls,
+                dedup_ttl,
+                maintain_every,
+            )
+            .await
+        }
     }
 }
 
@@ -461,6 +485,7 @@ async fn stream(
     max_polls: Option<u64>,
     idle_polls: Option<u64>,
     dedup_ttl: String,
+    maintain_every: Option<std::time::Duration>,
 ) -> anyhow::Result<ExitCode> {
     use kestrel::runner::stream::{self, StreamOptions};
     let dedup_ttl = kestrel::config::parse_duration(&dedup_ttl)
@@ -476,6 +501,18 @@ async fn stream(
         "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
     );
     let lease_ttl = cfg.ingest.lease_ttl;
+    let maintain = maintain_every.map(|every| {
+        (
+            every,
+            kestrel::ops::maintain::MaintainOptions {
+                config: cfg.maintain.clone(),
+                today: 0,
+                lease_ttl,
+                no_compact: false,
+                no_vacuum: false,
+            },
+        )
+    });
     let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
     let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
     let stop = stop_on_signal("after the current poll");
@@ -485,6 +522,7 @@ async fn stream(
         idle_polls,
         lease_ttl,
         dedup_ttl,
+        maintain,
         ..Default::default()
     };
     println!("streaming {job} every {interval:?}; SIGTERM or Ctrl-C stops it cleanly");
@@ -506,6 +544,16 @@ async fn stream(
             println!(
                 "{ts} checkpoint: {:.1} MB in {ms} ms",
                 bytes as f64 / 1e6
+            );
+        }
+        if let Some(m) = &r.maintenance {
+            let before: usize = m.tables.iter().map(|t| t.files_before).sum();
+            let after: usize = m.tables.iter().map(|t| t.files_after).sum();
+            let vacuumed: usize = m.tables.iter().map(|t| t.files_vacuumed).sum();
+            let ms: u64 = m.tables.iter().map(|t| t.duration_ms).sum();
+            println!(
+                "{ts} maintenance: {} tables, {before} files compacted to {after}, {vacuumed} vacuumed, {ms} ms",
+                m.tables.len()
             );
         }
         if let Some(w) = &r.warning {
@@ -944,7 +992,7 @@ async fn maintain(
     let jobs: Vec<kestrel::job::spec::JobSpec> = all_jobs.into_values().collect();
     let opts = maintain::MaintainOptions {
         config: cfg.maintain.clone(),
-        today: (chrono::Utc::now().timestamp().div_euclid(86_400)) as i32,
+        today: kestrel::ops::maintain::today(),
         lease_ttl: cfg.ingest.lease_ttl,
         no_compact,
         no_vacuum,

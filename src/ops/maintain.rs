@@ -12,8 +12,9 @@
 //! Compaction commits change no data, and every reader of bronze selects rows by their
 //! ingestion `_batch_id`, so the jobs' incremental reads are unaffected. A job's tables
 //! are maintained under the job's lease (never while one of its batches runs); the tables
-//! of a job running always-on are left alone while its stream holds them, because its
-//! MERGEs every second would conflict with the compaction commit.
+//! of a job running always-on are left to its stream, which maintains them itself between
+//! polls ([`tables`]): its MERGEs every second would conflict with a compaction commit
+//! from another process.
 
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
@@ -101,9 +102,7 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
     for spec in jobs {
         let stream = crate::runner::stream::lease_name(&spec.name);
         let streamed_by = Lease::live_holder(wh, &stream).await?;
-        let mut tables = crate::ops::status::gold_tables(spec);
-        tables.push(crate::sink::late::table_path(&spec.name));
-        for table in tables {
+        for table in job_tables(spec) {
             out.push(Target {
                 table,
                 lease: Some(format!("job-{}", spec.name)),
@@ -139,7 +138,7 @@ pub async fn run(
             ..Default::default()
         };
         if let Some(owner) = &t.streamed_by {
-            r.skipped = Some(format!("held by a running stream ({owner})"));
+            r.skipped = Some(format!("maintained by its running stream ({owner})"));
         } else {
             let lease = match &t.lease {
                 Some(name) => match Lease::acquire(wh, name, opts.lease_ttl).await {
@@ -169,6 +168,42 @@ pub async fn run(
         report.tables.push(r);
     }
     Ok(report)
+}
+
+/// Maintain `tables` without taking leases: for a caller that is their only writer (the
+/// always-on stream, between polls). A table that fails is reported and skipped.
+pub async fn tables(
+    wh: &Warehouse,
+    tables: &[String],
+    opts: &MaintainOptions,
+) -> Result<MaintainReport> {
+    let mut report = MaintainReport::default();
+    for rel in tables {
+        let started = Instant::now();
+        let mut r = TableReport {
+            table: rel.clone(),
+            ..Default::default()
+        };
+        if let Err(e) = table(wh, rel, opts, &mut r).await {
+            warn!(table = %rel, error = %e, "maintenance failed");
+            r.skipped = Some(format!("failed: {e}"));
+        }
+        r.duration_ms = started.elapsed().as_millis() as u64;
+        report.tables.push(r);
+    }
+    Ok(report)
+}
+
+/// The tables a job writes: its gold tables and its late ledger.
+pub fn job_tables(spec: &JobSpec) -> Vec<String> {
+    let mut t = crate::ops::status::gold_tables(spec);
+    t.push(crate::sink::late::table_path(&spec.name));
+    t
+}
+
+/// Today as days since the epoch (UTC).
+pub fn today() -> i32 {
+    chrono::Utc::now().timestamp().div_euclid(86_400) as i32
 }
 
 fn file_count(t: &DeltaTable) -> Result<usize> {

@@ -182,6 +182,11 @@ impl JobRunner {
         }
     }
 
+    /// The warehouse it writes to.
+    pub fn warehouse(&self) -> &Warehouse {
+        &self.wh
+    }
+
     /// Stop between batches once `stop` is set (a batch in progress completes).
     pub fn with_stop(mut self, stop: super::StopFlag) -> Self {
         self.stop = Some(stop);

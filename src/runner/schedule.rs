@@ -122,10 +122,6 @@ fn log_table(t: &maintain::TableReport) {
     info!(table = %t.table, files_before = t.files_before, files_after = t.files_after, "maintained");
 }
 
-fn now_day() -> i32 {
-    chrono::Utc::now().timestamp().div_euclid(86_400) as i32
-}
-
 impl Daemon {
     /// A daemon over `ing`'s warehouse; `ing` and `runner` should carry `stop` so runs
     /// end between batches on shutdown.
@@ -470,7 +466,7 @@ impl Daemon {
             }
             Task::Maintain => {
                 let mut opts = self.opts.maintain.clone();
-                opts.today = now_day();
+                opts.today = maintain::today();
                 let r = maintain::run(
                     self.ing.warehouse(),
                     &self.sources,

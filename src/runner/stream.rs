@@ -58,6 +58,9 @@ pub struct StreamOptions {
     pub dedup_ttl: Duration,
     /// Time between checkpoints of the dedup set (one is also written when stopping).
     pub checkpoint_every: Duration,
+    /// Compact, checkpoint and vacuum the job's tables between polls this often (None:
+    /// never). `kestrel maintain` leaves a streamed job's tables to its stream.
+    pub maintain: Option<(Duration, crate::ops::maintain::MaintainOptions)>,
 }
 
 impl Default for StreamOptions {
@@ -70,6 +73,7 @@ impl Default for StreamOptions {
             lease_ttl: Duration::from_secs(600),
             dedup_ttl: Duration::from_secs(26 * 3600),
             checkpoint_every: Duration::from_secs(10),
+            maintain: None,
         }
     }
 }
@@ -92,6 +96,8 @@ pub struct PollReport {
     pub dedup_bytes: usize,
     /// A checkpoint written after this poll: (milliseconds, bytes).
     pub checkpoint: Option<(u64, usize)>,
+    /// Maintenance of the job's tables after this poll.
+    pub maintenance: Option<crate::ops::maintain::MaintainReport>,
     /// Something went wrong but the stream goes on (e.g. a busy lease).
     pub warning: Option<String>,
     pub duration_ms: u64,
@@ -231,6 +237,7 @@ async fn poll_loop(
     let mut idle = 0u64;
     let mut renewed = Instant::now();
     let mut checkpointed = Instant::now();
+    let mut maintained = Instant::now();
     let mut seq = 0u64;
     let Parts {
         ing,
@@ -297,6 +304,17 @@ async fn poll_loop(
             r.checkpoint = Some(checkpoint(ing, spec, positions, &mut seq).await?);
             summary.checkpoints = seq;
             checkpointed = Instant::now();
+        }
+        if let Some((every, m)) = &opts.maintain {
+            if maintained.elapsed() >= *every {
+                // Between polls the stream is its tables' only writer.
+                let mut m = m.clone();
+                m.today = crate::ops::maintain::today();
+                let tables = crate::ops::maintain::job_tables(spec);
+                r.maintenance =
+                    Some(crate::ops::maintain::tables(runner.warehouse(), &tables, &m).await?);
+                maintained = Instant::now();
+            }
         }
         r.warning = (!warnings.is_empty()).then(|| warnings.join("; "));
         r.duration_ms = t.elapsed().as_millis() as u64;

@@ -624,3 +624,78 @@ fn lag_reports_percentiles_of_a_known_distribution_and_a_delay_that_meets_the_ta
     let err = env.fails_one_line(&["lag", "--source", "nope"]);
     assert!(err.contains("unknown source `nope`"), "{err}");
 }
+
+fn stock(id: &str, event_s: i64, sku: &str, kind: &str, qty: i64) -> String {
+    format!(
+        r#"{{"event_id":"{id}","event_ts":"{}","sku":"{sku}","warehouse_id":"w1","kind":"{kind}","quantity":{qty}}}"#,
+        ts(event_s)
+    )
+}
+
+/// The always-on stream maintains its own tables between polls (`kestrel maintain`
+/// leaves them to it while it runs): one alert file per batch in a closed day becomes
+/// one, without changing an alert.
+#[test]
+fn the_stream_compacts_its_tables_between_polls() {
+    let files = [
+        vec![stock("i1", T0 + 10, "S1", "count", 5)],
+        vec![stock("i2", T0 + 20, "S1", "sale", -5)],
+        vec![stock("i3", T0 + 30, "S1", "receipt", 5)],
+        vec![stock("i4", T0 + 90, "S1", "sale", -5)],
+        vec![
+            stock("i5", T0 + 100, "S2", "count", 1),
+            stock("i6", T0 + 110, "S2", "sale", -1),
+        ],
+    ];
+    let cfg = "[ingest]\nmax_files_per_batch = 1\n";
+    let (env, clean) = (Env::with_config(cfg), Env::with_config(cfg));
+    for (k, f) in files.iter().enumerate() {
+        for e in [&env, &clean] {
+            e.land(
+                &format!("inventory/f{k}.ndjson"),
+                &lines(f),
+                T0 + 200 + k as i64,
+            );
+        }
+    }
+    let out = env.run_ok(
+        &[
+            "stream",
+            "--job",
+            "stockout",
+            "--interval",
+            "100ms",
+            "--idle-polls",
+            "2",
+            "--maintain-every",
+            "0s",
+        ],
+        0,
+    );
+    let line = out
+        .lines()
+        .find(|l| l.contains("maintenance: 3 tables"))
+        .unwrap_or_else(|| panic!("{out}"));
+    // "… maintenance: 3 tables, B files compacted to A, …": fewer files after.
+    let nums: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (before, after) = (nums[nums.len() - 4], nums[nums.len() - 3]);
+    assert!(after < before, "{line}");
+    let report = env.run_ok(&["maintain", "--no-compact", "--no-vacuum", "--json"], 0);
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let alerts = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["table"] == "gold/stockout_alerts")
+        .unwrap()
+        .clone();
+    assert_eq!(alerts["files_before"], 1, "{alerts}");
+    clean.run_ok(&["run"], 0);
+    let skip = ["detected_at", "_updated_at", "_batch_id"];
+    let got = env.snapshot("gold/stockout_alerts", &skip);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got, clean.snapshot("gold/stockout_alerts", &skip));
+}
