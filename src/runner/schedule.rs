@@ -133,7 +133,10 @@ impl Daemon {
         stop: StopFlag,
         report: impl Fn(Event) + Send + Sync + 'static,
     ) -> Result<Arc<Self>> {
-        if let Some(j) = jobs.iter().find(|j| j.name == INGEST || j.name == MAINTENANCE) {
+        if let Some(j) = jobs
+            .iter()
+            .find(|j| j.name == INGEST || j.name == MAINTENANCE)
+        {
             return Err(Error::Other(format!(
                 "{}: a job called `{}` would share its name with the daemon's own task; rename it",
                 j.file, j.name
