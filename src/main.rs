@@ -504,13 +504,7 @@ async fn stream(
     let maintain = maintain_every.map(|every| {
         (
             every,
-            kestrel::ops::maintain::MaintainOptions {
-                config: cfg.maintain.clone(),
-                today: 0,
-                lease_ttl,
-                no_compact: false,
-                no_vacuum: false,
-            },
+            kestrel::ops::maintain::MaintainOptions::from_config(&cfg),
         )
     });
     let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
@@ -722,13 +716,7 @@ async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::
     let stop = stop_on_signal("after the running batches");
     let opts = ScheduleOptions {
         config: cfg.schedule.clone(),
-        maintain: kestrel::ops::maintain::MaintainOptions {
-            config: cfg.maintain.clone(),
-            today: 0,
-            lease_ttl: cfg.ingest.lease_ttl,
-            no_compact: false,
-            no_vacuum: false,
-        },
+        maintain: kestrel::ops::maintain::MaintainOptions::from_config(&cfg),
         wait,
     };
     let lease_ttl = cfg.ingest.lease_ttl;
@@ -991,11 +979,9 @@ async fn maintain(
     let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
     let jobs: Vec<kestrel::job::spec::JobSpec> = all_jobs.into_values().collect();
     let opts = maintain::MaintainOptions {
-        config: cfg.maintain.clone(),
-        today: kestrel::ops::maintain::today(),
-        lease_ttl: cfg.ingest.lease_ttl,
         no_compact,
         no_vacuum,
+        ..maintain::MaintainOptions::from_config(&cfg)
     };
     let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
     let sources = ing.sources()?;

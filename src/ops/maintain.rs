@@ -76,6 +76,20 @@ pub struct MaintainOptions {
     pub no_vacuum: bool,
 }
 
+impl MaintainOptions {
+    /// Compaction, checkpoint and vacuum as configured, for today, under job leases of
+    /// `lease_ttl`.
+    pub fn from_config(cfg: &crate::config::Config) -> Self {
+        MaintainOptions {
+            config: cfg.maintain.clone(),
+            today: today(),
+            lease_ttl: cfg.ingest.lease_ttl,
+            no_compact: false,
+            no_vacuum: false,
+        }
+    }
+}
+
 /// One table to maintain and the lease that guards it (None: appended to only, which
 /// never conflicts with a compaction).
 struct Target {
