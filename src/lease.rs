@@ -105,6 +105,11 @@ impl Lease {
         Ok((c.expires_at >= Utc::now() && !dead && !ours).then_some(c.owner))
     }
 
+    /// Who holds it: `host:pid`.
+    pub fn owner(&self) -> &str {
+        &self.body.owner
+    }
+
     /// Extend the lease by `ttl` from now (between batches of a long run). Fails if the
     /// lease is no longer ours: it expired and another process took it.
     pub async fn renew(&mut self, ttl: std::time::Duration) -> Result<()> {

@@ -460,11 +460,7 @@ fn print_job_summary(reports: &[JobReport]) {
             println!("{:<24} skipped: {why}", r.job);
             continue;
         }
-        let w = r
-            .watermark
-            .and_then(chrono::DateTime::from_timestamp_micros)
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-            .unwrap_or_else(|| "-".into());
+        let w = r.watermark.map_or("-".into(), kestrel::time::iso);
         println!(
             "{:<24} {:>7} {:>10} {:>9} {:>11} {:>8}  {}",
             r.job,
@@ -523,11 +519,7 @@ async fn stream(
     let summary = stream::run(&ing, &runner, &spec, &opts, &stop, |r| {
         let ts = chrono::Utc::now().format("%H:%M:%S");
         if r.files > 0 || r.job_batches > 0 {
-            let w = r
-                .watermark
-                .and_then(chrono::DateTime::from_timestamp_micros)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                .unwrap_or_else(|| "-".into());
+            let w = r.watermark.map_or("-".into(), kestrel::time::iso);
             let lag = r.lag_s.map_or("-".into(), |l| format!("{l:.1}s"));
             println!(
                 "{ts} poll {}: {} files, {} events, {} batches, alerts +{} -{}, watermark {w}, lag {lag}, dedup set {} ids ({:.1} MB), {} ms",

@@ -256,9 +256,7 @@ async fn table(
     let url = t.table_url().to_string();
     r.files_before = file_count(&t)?;
     if !opts.no_compact && r.files_before > 1 {
-        let today = chrono::DateTime::from_timestamp(opts.today as i64 * 86_400, 0)
-            .map(|d| d.format("%Y-%m-%d").to_string())
-            .unwrap_or_default();
+        let today = crate::time::date(opts.today);
         let filters = match date_partition(&t)? {
             Some(col) => vec![(col, today)],
             None => Vec::new(),

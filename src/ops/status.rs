@@ -13,7 +13,7 @@ use crate::job::plan;
 use crate::job::spec::{JobKind, JobSpec};
 use crate::runlog;
 use crate::sink::delta::{self, Warehouse};
-use crate::time::Micros;
+use crate::time::{iso, Micros};
 
 const DAY_US: Micros = 86_400_000_000;
 
@@ -67,12 +67,6 @@ pub struct Status {
     pub sources: Vec<SourceStatus>,
     pub jobs: Vec<JobStatus>,
     pub tables: Vec<TableFreshness>,
-}
-
-fn iso(us: Micros) -> String {
-    chrono::DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| us.to_string())
 }
 
 /// Per (kind, name): last batch, its finish time and status, and day sums.

@@ -51,7 +51,7 @@ use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
 use crate::sink::late;
 use crate::time::window::WindowSpec;
-use crate::time::Micros;
+use crate::time::{date, iso, Micros};
 
 /// What to backfill.
 #[derive(Debug, Clone, Default)]
@@ -163,13 +163,6 @@ pub fn app_id(job: &str) -> String {
     format!("kestrel-backfill-{job}")
 }
 
-/// `YYYY-MM-DD` of a day number.
-pub fn date_string(day: i32) -> String {
-    chrono::DateTime::from_timestamp(day as i64 * 86_400, 0)
-        .map(|d| d.format("%Y-%m-%d").to_string())
-        .unwrap_or_else(|| day.to_string())
-}
-
 /// Parse `YYYY-MM-DD` to a day number.
 pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
     let d = chrono::NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d")
@@ -223,7 +216,7 @@ async fn too_late_orders(
     let mut out: Vec<String> = found
         .iter()
         .flatten()
-        .map(|id| format!("{id} @ {}", date_string(day)))
+        .map(|id| format!("{id} @ {}", date(day)))
         .collect();
     out.sort();
     out.dedup();
@@ -248,8 +241,8 @@ impl JobRunner {
         if opts.from > opts.to {
             return Err(Error::Other(format!(
                 "--from {} is after --to {}",
-                date_string(opts.from),
-                date_string(opts.to)
+                date(opts.from),
+                date(opts.to)
             )));
         }
         let name = format!("job-{}", spec.name);
@@ -319,8 +312,8 @@ impl JobRunner {
         };
         let mut report = BackfillReport {
             job: spec.name.clone(),
-            from: date_string(opts.from),
-            to: date_string(opts.to),
+            from: date(opts.from),
+            to: date(opts.to),
             as_of_batch: done_batch,
             days: Vec::new(),
         };
@@ -340,7 +333,7 @@ impl JobRunner {
         for day in opts.from..=opts.to {
             if ck.done.contains(&day) {
                 let d = DayReport {
-                    date: date_string(day),
+                    date: date(day),
                     resumed: true,
                     ..Default::default()
                 };
@@ -351,7 +344,7 @@ impl JobRunner {
             if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
                 return Err(Error::Other(format!(
                     "interrupted before {}: {} of {} days done; run the same command to resume",
-                    date_string(day),
+                    date(day),
                     ck.done.len(),
                     opts.to - opts.from + 1
                 )));
@@ -695,12 +688,7 @@ impl JobRunner {
                             v.iter().any(|t| *t >= begin && *t <= a.first_stockout_ts)
                         })
                     })
-                    .map(|a| {
-                        let m = chrono::DateTime::from_timestamp_micros(a.minute)
-                            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                            .unwrap_or_default();
-                        format!("{} @ {m}", a.sku)
-                    })
+                    .map(|a| format!("{} @ {}", a.sku, iso(a.minute)))
                     .collect();
                 out.dedup();
                 out.sort();
@@ -781,7 +769,7 @@ impl JobRunner {
         gone_idx.sort_unstable();
 
         let report = DayReport {
-            date: date_string(day),
+            date: date(day),
             windows: new.num_rows(),
             changed: changed_idx.len() + gone_idx.len(),
             deleted: gone_idx.len(),
@@ -870,11 +858,6 @@ impl JobRunner {
         let key_cols: Vec<String> = keys.to_vec();
         let fk = formatters(&rows, &key_cols)?;
         let mut out: BTreeMap<String, ()> = BTreeMap::new();
-        let fmt = |us: Micros| {
-            chrono::DateTime::from_timestamp_micros(us)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                .unwrap_or_default()
-        };
         match window {
             WindowSpec::Session { .. } => {
                 // The session of the late row: same key, start ≤ ts ≤ end.
@@ -896,7 +879,7 @@ impl JobRunner {
                         .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
                     {
                         out.insert(
-                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), fmt(s.0)),
+                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(s.0)),
                             (),
                         );
                     }
@@ -908,7 +891,7 @@ impl JobRunner {
                     window.each_window(ts.value(i), |start, _| {
                         if start >= lo && start < hi {
                             out.insert(
-                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), fmt(start)),
+                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(start)),
                                 (),
                             );
                         }

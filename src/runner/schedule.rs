@@ -216,13 +216,6 @@ impl Daemon {
 
     /// Run until `stop` is set (or the lease is lost).
     pub async fn run(self: Arc<Self>) -> Result<Summary> {
-        let owner = format!(
-            "{}:{}",
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_default(),
-            std::process::id()
-        );
         // Bind first (a taken port fails before the lease is touched), serve once the
         // lease is ours.
         let listener = match &self.opts.config.http {
@@ -266,7 +259,7 @@ impl Daemon {
             .await
             .map_err(|e| Error::Other(format!("cannot start the scheduler: {e:?}")))?;
         (self.report)(Event::Started {
-            owner,
+            owner: lease.owner().to_string(),
             http: http_addr,
             tasks: tasks
                 .iter()
@@ -459,11 +452,7 @@ impl Daemon {
                 let (files, _, _) = self.ingest(&spec.sources).await?;
                 let r = self.runner.run_job(spec).await?;
                 self.metrics.job_batches(&r.batches);
-                let w = r
-                    .watermark
-                    .and_then(chrono::DateTime::from_timestamp_micros)
-                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                    .unwrap_or_else(|| "-".into());
+                let w = r.watermark.map_or("-".into(), crate::time::iso);
                 Ok(format!(
                     "{files} new files; {} batches, {} applied, {} windows, {} corrections, {} too late; watermark {w}",
                     r.batches.len(),

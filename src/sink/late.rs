@@ -38,9 +38,7 @@ pub fn schema(bronze: &Schema) -> SchemaRef {
 
 /// Why rows were too late, in words.
 pub fn reason(watermark: Micros, lookback: std::time::Duration) -> String {
-    let w = chrono::DateTime::from_timestamp_micros(watermark)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| watermark.to_string());
+    let w = crate::time::iso(watermark);
     format!(
         "event_ts before the watermark ({w}) minus lookback ({}s): its windows are closed",
         lookback.as_secs()
