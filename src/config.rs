@@ -72,13 +72,31 @@ pub struct MaintainConfig {
     pub retention: Duration,
     /// Compaction's target file size in bytes.
     pub target_file_size: u64,
+    /// Between batches, compact a partition once it holds this many small files (0: only
+    /// the daily maintenance compacts).
+    pub open_partition_files: usize,
+    /// Target file size of that compaction, in bytes.
+    pub open_target_file_size: u64,
 }
 
 impl Default for MaintainConfig {
     fn default() -> Self {
+        let open = crate::sink::compact::OpenCompaction::default();
         MaintainConfig {
             retention: Duration::from_secs(7 * 86_400),
             target_file_size: 128 * 1024 * 1024,
+            open_partition_files: open.min_files,
+            open_target_file_size: open.target_size,
+        }
+    }
+}
+
+impl MaintainConfig {
+    /// The between-batches compaction these settings ask for.
+    pub fn open_compaction(&self) -> crate::sink::compact::OpenCompaction {
+        crate::sink::compact::OpenCompaction {
+            min_files: self.open_partition_files,
+            target_size: self.open_target_file_size,
         }
     }
 }
@@ -304,6 +322,17 @@ fn positive(file: &str, field: &str, value: &toml::Value) -> Result<u64> {
     }
 }
 
+fn non_negative(file: &str, field: &str, value: &toml::Value) -> Result<u64> {
+    match value.as_integer() {
+        Some(i) if i >= 0 => Ok(i as u64),
+        _ => Err(Error::config(
+            file,
+            field,
+            format!("a non-negative integer (0 turns it off), got {value}"),
+        )),
+    }
+}
+
 fn parse_ingest(file: &str, t: &toml::Table, ingest: &mut IngestConfig) -> Result<()> {
     for (key, value) in t {
         let field = format!("ingest.{key}");
@@ -400,13 +429,15 @@ fn parse_maintain(file: &str, t: &toml::Table, m: &mut MaintainConfig) -> Result
         match key.as_str() {
             "retention" => m.retention = duration(file, &field, value)?,
             "target_file_size" => m.target_file_size = positive(file, &field, value)?,
-            other => {
-                return Err(Error::config(
-                    file,
-                    format!("maintain.{other}"),
-                    "one of retention, target_file_size",
-                ))
+            "open_partition_files" => {
+                m.open_partition_files = non_negative(file, &field, value)? as usize
             }
+            "open_target_file_size" => m.open_target_file_size = positive(file, &field, value)?,
+            other => return Err(Error::config(
+                file,
+                format!("maintain.{other}"),
+                "one of retention, target_file_size, open_partition_files, open_target_file_size",
+            )),
         }
     }
     Ok(())

@@ -78,7 +78,32 @@ pub enum Error {
     Other(String),
 }
 
+/// Whether a Delta error is a lost race with a concurrent commit (the commit can be
+/// planned again against the newer table), not a failure.
+pub fn is_delta_conflict(e: &deltalake::DeltaTableError) -> bool {
+    use deltalake::kernel::transaction::TransactionError;
+    use deltalake::DeltaTableError as E;
+    match e {
+        E::Transaction { source } => matches!(
+            source,
+            TransactionError::CommitConflict(_)
+                | TransactionError::MaxCommitAttempts(_)
+                | TransactionError::VersionAlreadyExists(_)
+        ),
+        E::CommitValidation { .. } => false,
+        other => {
+            let s = other.to_string();
+            s.contains("ommit conflict") || s.contains("concurrent transaction")
+        }
+    }
+}
+
 impl Error {
+    /// A Delta commit that lost a race with another writer's (see [`is_delta_conflict`]).
+    pub fn is_commit_conflict(&self) -> bool {
+        matches!(self, Error::Delta { source, .. } if is_delta_conflict(source))
+    }
+
     pub(crate) fn delta(table: impl Into<String>, source: deltalake::DeltaTableError) -> Self {
         Error::Delta {
             table: table.into(),

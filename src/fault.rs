@@ -4,7 +4,12 @@
 //! Points of ingestion, in order: `after_plan`, `after_decode`, `after_bronze`,
 //! `after_quarantine`, `after_ledger`, `after_runlog`. Of a job batch: `job_after_plan`,
 //! `job_after_compute`, `job_after_late`, `job_between_merges`, `job_after_gold`,
-//! `job_after_runlog`. Of a backfill: `backfill_after_day`.
+//! `job_after_runlog`. Of a backfill: `backfill_after_day`. Inside a delta-rs commit:
+//! `compaction_commit` (an open-partition compaction's files are written, its commit is
+//! not; see [`FaultStore`]).
+//!
+//! Pause points (`KESTREL_DELAY`): `job_after_compute`, and `job_before_gold_commit`
+//! (a gold table is opened for a batch's commit; a test commits to it meanwhile).
 
 /// Environment variable naming the fault points.
 pub const ENV: &str = "KESTREL_FAULT";
@@ -40,5 +45,149 @@ pub fn point(point: &str) {
         }
         // SIGKILL cannot be caught; if kill failed, abort is the next best crash.
         std::process::abort();
+    }
+}
+
+/// Fault point inside an open-partition compaction: its new files are written, its
+/// Delta commit is about to be put (`KESTREL_FAULT=compaction_commit`).
+pub const COMPACTION_COMMIT: &str = "compaction_commit";
+
+static COMPACTING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Marks a compaction in progress while alive (see [`COMPACTION_COMMIT`]).
+pub struct Compacting(());
+
+impl Drop for Compacting {
+    fn drop(&mut self) {
+        COMPACTING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Mark the current work as a compaction until the returned guard is dropped.
+pub fn compacting() -> Compacting {
+    COMPACTING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Compacting(())
+}
+
+fn named(point: &str) -> bool {
+    std::env::var(ENV).is_ok_and(|v| v.split(',').any(|p| p.trim() == point))
+}
+
+/// Whether Delta tables must be opened through [`FaultStore`] (a fault point sits inside
+/// a delta-rs commit). Never true unless the environment asks for it.
+pub fn wraps_store() -> bool {
+    named(COMPACTION_COMMIT)
+}
+
+/// An object store that reaches fault points where delta-rs, not kestrel, does the I/O:
+/// the put of a commit file while a compaction runs. Used only when [`wraps_store`].
+#[derive(Debug)]
+pub struct FaultStore {
+    inner: std::sync::Arc<dyn object_store::ObjectStore>,
+}
+
+impl FaultStore {
+    /// Wrap `inner` (rooted where delta-rs expects its table stores to be rooted).
+    pub fn new(inner: std::sync::Arc<dyn object_store::ObjectStore>) -> Self {
+        FaultStore { inner }
+    }
+
+    fn check(&self, location: &object_store::path::Path) {
+        let p = location.as_ref();
+        let is_commit = p.contains("_delta_log/")
+            && p.rsplit('/')
+                .next()
+                .and_then(|n| n.strip_suffix(".json"))
+                .is_some_and(|v| v.len() == 20 && v.bytes().all(|b| b.is_ascii_digit()));
+        if is_commit && COMPACTING.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            point(COMPACTION_COMMIT);
+        }
+    }
+}
+
+impl std::fmt::Display for FaultStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultStore({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for FaultStore {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.check(location);
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+        offset: &object_store::path::Path,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.check(to);
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::RenameOptions,
+    ) -> object_store::Result<()> {
+        self.check(to);
+        self.inner.rename_opts(from, to, options).await
     }
 }

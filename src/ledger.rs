@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{Array, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder};
+use arrow::array::{
+    Array, Date32Builder, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +21,11 @@ use crate::source::discover::LandedFile;
 
 /// Table path of the ledger.
 pub const TABLE: &str = "_kestrel/ledger";
+
+/// Partition columns of the ledger: the source, then the UTC date the file landed, so a
+/// batch appends to (and the between-batches compaction rewrites) one small partition.
+/// Ledgers created before `landed_date` existed stay partitioned by source alone.
+pub const PARTITIONS: [&str; 2] = ["source", "landed_date"];
 
 /// What a batch does with a file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +65,30 @@ pub struct Plan {
 
 fn plan_key(source: &str, batch_id: i64) -> String {
     format!("_kestrel/plans/ingest/{source}/{batch_id:020}.json")
+}
+
+/// The batch id in a plan file's name (`…/<batch:020>.json`, also `.plan.json` and
+/// `.result.json`).
+pub fn plan_batch(key: &str) -> Option<i64> {
+    let name = key.rsplit('/').next()?;
+    name.split('.').next()?.parse().ok()
+}
+
+/// Delete `source`'s ingestion plans of batches before `keep_from` written more than
+/// `older_than` ago (the maintenance retention): a completed batch's plan is only read
+/// again to plan the next batch (its listing cursors), so the last one is kept.
+pub async fn expire_plans(
+    wh: &Warehouse,
+    source: &str,
+    keep_from: i64,
+    older_than: std::time::Duration,
+) -> Result<usize> {
+    let prefix = format!("_kestrel/plans/ingest/{source}/");
+    wh.loc
+        .expire(&prefix, older_than, |key| {
+            plan_batch(key).is_some_and(|b| b < keep_from)
+        })
+        .await
 }
 
 /// Read a plan; None when it does not exist.
@@ -109,6 +140,7 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("records", DataType::Int64, true),
         Field::new("reason", DataType::Utf8, true),
         Field::new("recorded_at", ts_type(), true),
+        Field::new("landed_date", DataType::Date32, true),
     ]))
 });
 
@@ -142,7 +174,9 @@ pub fn ledger_batch(
     let mut records = Int64Builder::new();
     let mut reason = StringBuilder::new();
     let mut recorded = TimestampMicrosecondBuilder::new();
+    let mut landed_date = Date32Builder::new();
     for (f, o) in plan.files.iter().zip(outcomes) {
+        landed_date.append_value(f.file.landed_at_us.div_euclid(86_400_000_000) as i32);
         source.append_value(&plan.source);
         path.append_value(&f.file.path);
         part.append_value(&f.file.partition);
@@ -169,6 +203,7 @@ pub fn ledger_batch(
             Arc::new(records.finish()),
             Arc::new(reason.finish()),
             Arc::new(recorded.finish().with_timezone("UTC")),
+            Arc::new(landed_date.finish()),
         ],
     )?)
 }
@@ -179,6 +214,19 @@ pub struct Known {
     pub size: u64,
     pub e_tag: Option<String>,
     pub batch_id: i64,
+}
+
+/// Append the ledger rows of batch `batch_id` of `source` unless the ledger holds them
+/// (txn `kestrel-ledger-<source>`).
+pub async fn record(wh: &Warehouse, source: &str, batch_id: i64, rows: RecordBatch) -> Result<()> {
+    let table = wh.open_or_create(TABLE, &SCHEMA, &PARTITIONS).await?;
+    let app = app_id(source);
+    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= batch_id {
+        return Ok(());
+    }
+    let parts = delta::partition_columns(&table)?;
+    delta::append_evolving(table, vec![rows], &parts, &app, batch_id).await?;
+    Ok(())
 }
 
 /// Every file recorded for a source (used by full scans only).

@@ -333,6 +333,7 @@ async fn run(
         find_job(&all_jobs, j)?;
     }
     let lease_ttl = cfg.ingest.lease_ttl;
+    let open = cfg.maintain.open_compaction();
     let ing = Ingestor::with_schemas(
         cfg,
         schemas.clone(),
@@ -383,7 +384,8 @@ async fn run(
     // Jobs consume only completed ingestion batches, so they run even when a source
     // failed to ingest; every failure is reported at the end.
     let mut job_failures: Vec<String> = Vec::new();
-    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
+    let runner =
+        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
     let mut job_reports: Vec<JobReport> = Vec::new();
     for (name, spec) in &all_jobs {
         if !only_jobs.is_empty() && !only_jobs.contains(name) {
@@ -497,6 +499,7 @@ async fn stream(
         "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
     );
     let lease_ttl = cfg.ingest.lease_ttl;
+    let open = cfg.maintain.open_compaction();
     let maintain = maintain_every.map(|every| {
         (
             every,
@@ -504,7 +507,8 @@ async fn stream(
         )
     });
     let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
-    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
+    let runner =
+        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
     let stop = stop_on_signal("after the current poll");
     let opts = StreamOptions {
         interval,
@@ -712,6 +716,7 @@ async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::
         wait,
     };
     let lease_ttl = cfg.ingest.lease_ttl;
+    let open = cfg.maintain.open_compaction();
     let ing = Ingestor::with_schemas(
         cfg,
         schemas.clone(),
@@ -720,8 +725,9 @@ async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::
             ..Default::default()
         },
     )?;
-    let runner =
-        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_stop(stop.clone());
+    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl)
+        .with_open_compaction(open)
+        .with_stop(stop.clone());
     let daemon = Daemon::new(ing, runner, jobs, opts, stop, |e| {
         let ts = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");
         match e {
@@ -786,6 +792,7 @@ async fn backfill(
     let spec = find_job(&jobs, &job)?.clone();
     let stop = stop_on_signal("after the current day");
     let lease_ttl = cfg.ingest.lease_ttl;
+    let open = cfg.maintain.open_compaction();
     let ing = Ingestor::with_schemas(
         cfg,
         schemas.clone(),
@@ -794,7 +801,8 @@ async fn backfill(
             stop: Some(stop.clone()),
         },
     )?;
-    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl);
+    let runner =
+        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
     if reingest {
         // Files never ingested land in bronze, and the job consumes them (too-late rows
         // go to its late ledger as usual) before the restatement reads what it consumed.
@@ -1004,6 +1012,12 @@ async fn maintain(
                 t.files_vacuumed,
                 t.duration_ms,
                 t.skipped.clone().unwrap_or_default()
+            );
+        }
+        if report.plans_expired > 0 {
+            println!(
+                "{} durable batch plans older than the retention deleted",
+                report.plans_expired
             );
         }
     }

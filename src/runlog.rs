@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::array::{Date32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::Serialize;
 
@@ -17,6 +17,13 @@ use crate::sink::delta::{self, Warehouse};
 
 /// Table path of the run log.
 pub const TABLE: &str = "_kestrel/runs";
+
+/// Partition column of the run log: the UTC date the batch started. Every batch appends
+/// to today's partition, so compacting it between batches keeps the table — which every
+/// batch commits to and reads its positions from — a few files, however long kestrel has
+/// run. (Run logs created before this column existed stay unpartitioned and gain it as a
+/// plain column.)
+pub const PARTITION: &str = "run_date";
 
 /// Schema of the run log.
 pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
@@ -44,6 +51,7 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("windows_deleted", DataType::Int64, true),
         Field::new("corrections", DataType::Int64, true),
         Field::new("watermark", ts_type(), true),
+        Field::new(PARTITION, DataType::Date32, true),
     ]))
 });
 
@@ -199,6 +207,9 @@ impl Row<'_> {
                 i(self.windows_deleted),
                 i(self.corrections),
                 ts(self.watermark),
+                Arc::new(Date32Array::from(vec![Some(
+                    self.started_at_us.div_euclid(86_400_000_000) as i32,
+                )])),
             ],
         )?)
     }
@@ -207,12 +218,13 @@ impl Row<'_> {
 /// Append `row` unless its batch is already logged (txn per kind and name). Returns true
 /// if written.
 async fn append(wh: &Warehouse, row: &Row<'_>) -> Result<bool> {
-    let table = wh.open_or_create(TABLE, &SCHEMA, &[]).await?;
+    let table = wh.open_or_create(TABLE, &SCHEMA, &[PARTITION]).await?;
     let app = app_id(row.kind, row.name);
     if delta::txn_version(&table, &app).await?.unwrap_or(0) >= row.batch_id {
         return Ok(false);
     }
-    delta::append_evolving(table, vec![row.to_batch()?], &app, row.batch_id).await?;
+    let parts = delta::partition_columns(&table)?;
+    delta::append_evolving(table, vec![row.to_batch()?], &parts, &app, row.batch_id).await?;
     Ok(true)
 }
 

@@ -78,6 +78,14 @@ pub struct SourceSchema {
 }
 
 impl SourceSchema {
+    /// Whether column `name` can hold nulls: a schema field marked nullable. Required
+    /// fields are validated non-null (bronze declares every column nullable only so that
+    /// older tables stay appendable), and columns a job derives (window starts, minutes)
+    /// are never null.
+    pub fn may_be_null(&self, name: &str) -> bool {
+        self.fields.iter().any(|f| f.name == name && f.nullable)
+    }
+
     fn from_file(file: SchemaFile, origin: &Path) -> Result<Self> {
         let err = |message: String| Error::Schema {
             file: origin.to_path_buf(),

@@ -208,6 +208,13 @@ impl Location {
 
     /// Read the object at `rel`; None when it does not exist.
     pub async fn get_opt(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
+        let t = std::time::Instant::now();
+        let r = self.get_opt_inner(rel).await;
+        crate::sink::timings::record("get".into(), t.elapsed());
+        r
+    }
+
+    async fn get_opt_inner(&self, rel: &str) -> Result<Option<bytes::Bytes>> {
         match self.store.get(&self.path(rel)).await {
             Ok(r) => Ok(Some(
                 r.bytes()
@@ -225,6 +232,35 @@ impl Location {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::storage(self.display(rel), e)),
         }
+    }
+
+    /// Delete the objects under `prefix` that were last modified more than `older_than`
+    /// ago and whose key (relative to this location) `expired` accepts. Returns how many
+    /// were deleted.
+    pub async fn expire(
+        &self,
+        prefix: &str,
+        older_than: std::time::Duration,
+        expired: impl Fn(&str) -> bool,
+    ) -> Result<usize> {
+        use futures::TryStreamExt;
+        let cutoff = chrono::Utc::now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::days(7));
+        let listed: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&self.path(prefix)))
+            .try_collect()
+            .await
+            .map_err(|e| Error::storage(self.display(prefix), e))?;
+        let mut n = 0;
+        for meta in listed {
+            let rel = self.relative(&meta.location);
+            if meta.last_modified < cutoff && expired(&rel) {
+                self.delete_if_exists(&rel).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// A display string for a relative key.

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray, UInt32Array,
+    Array, ArrayRef, AsArray, BooleanArray, Date32Array, Int32Array, Int64Array, RecordBatch,
+    StringArray, TimestampMicrosecondArray, UInt32Array,
 };
 use arrow::compute::{cast, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimestampMicrosecondType};
@@ -542,9 +542,21 @@ pub fn gold_schema(agg_schema: &Schema, keys: &[String], session: bool) -> Schem
     }
     fields.push(Field::new("is_final", DataType::Boolean, true));
     fields.push(Field::new("window_date", DataType::Date32, true));
+    fields.push(Field::new(WINDOW_HOUR, DataType::Int32, true));
     fields.push(Field::new("_updated_at", ts_type(), true));
     fields.push(Field::new("_batch_id", DataType::Int64, true));
     Arc::new(Schema::new(fields))
+}
+
+/// Second partition column of windowed gold tables: the UTC hour (0–23) of the window's
+/// (session's) start, under `window_date`. A batch's windows are the last hour or two,
+/// and a MERGE rewrites every file holding a row it changes (copy-on-write), so with
+/// hourly partitions it rewrites an hour's rows, not the whole open day's.
+pub const WINDOW_HOUR: &str = "window_hour";
+
+/// The UTC hour of day (0–23) of a timestamp.
+pub fn hour_of(ts: Micros) -> i32 {
+    (ts.rem_euclid(DAY) / (3_600 * 1_000_000)) as i32
 }
 
 /// Delta has no view types: store Utf8View as Utf8, BinaryView as Binary.
@@ -615,6 +627,13 @@ pub fn gold_rows(
                         .map(|s| s.div_euclid(DAY) as i32)
                         .collect::<Vec<i32>>(),
                 )),
+                WINDOW_HOUR => Arc::new(Int32Array::from(
+                    start
+                        .values()
+                        .iter()
+                        .map(|s| hour_of(*s))
+                        .collect::<Vec<i32>>(),
+                )),
                 "_updated_at" => Arc::new(
                     TimestampMicrosecondArray::from(vec![stamp.now_us; n]).with_timezone("UTC"),
                 ),
@@ -661,6 +680,9 @@ pub fn tombstones(
                     gone.iter()
                         .map(|g| g.start.div_euclid(DAY) as i32)
                         .collect::<Vec<i32>>(),
+                )),
+                WINDOW_HOUR => Arc::new(Int32Array::from(
+                    gone.iter().map(|g| hour_of(g.start)).collect::<Vec<i32>>(),
                 )),
                 OP => Arc::new(StringArray::from(vec!["delete"; n])),
                 _ => arrow::array::new_null_array(f.data_type(), n),

@@ -19,8 +19,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Date32Array, Float64Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray,
+    Array, ArrayRef, BooleanArray, Date32Array, Float64Array, Int32Array, Int64Array, RecordBatch,
+    StringArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
@@ -35,6 +35,11 @@ use crate::time::Micros;
 /// Partition column of both payments gold tables: the date of order_ts (of the first
 /// payment for orphan payments).
 pub const ORDER_DATE: &str = "order_date";
+
+/// Second partition column of the payment jobs' gold tables: the UTC hour of the same
+/// timestamp `order_date` is the date of, so a batch's MERGE rewrites the hours its
+/// orders fall in, not the whole day (see [`crate::job::aggregate::WINDOW_HOUR`]).
+pub const ORDER_HOUR: &str = "order_hour";
 /// The key column.
 pub const ORDER_ID: &str = "order_id";
 
@@ -224,6 +229,7 @@ pub fn reconciliation_schema() -> SchemaRef {
         Field::new("status", DataType::Utf8, true),
         Field::new("is_final", DataType::Boolean, true),
         Field::new(ORDER_DATE, DataType::Date32, true),
+        Field::new(ORDER_HOUR, DataType::Int32, true),
         Field::new("_updated_at", ts_type(), true),
         Field::new("_batch_id", DataType::Int64, true),
     ]))
@@ -238,6 +244,7 @@ pub fn fast_schema() -> SchemaRef {
         Field::new("first_capture_ts", ts_type(), true),
         Field::new("lag_s", DataType::Float64, true),
         Field::new(ORDER_DATE, DataType::Date32, true),
+        Field::new(ORDER_HOUR, DataType::Int32, true),
         Field::new("_updated_at", ts_type(), true),
         Field::new("_batch_id", DataType::Int64, true),
     ]))
@@ -278,6 +285,7 @@ struct Rows {
     is_final: Vec<bool>,
     lag_s: Vec<Option<f64>>,
     date: Vec<i32>,
+    hour: Vec<i32>,
     op: Vec<&'static str>,
 }
 
@@ -288,7 +296,7 @@ impl Rows {
         let ts = |v: Vec<Option<Micros>>| -> ArrayRef {
             Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"))
         };
-        let columns: [(&str, ArrayRef); 12] = [
+        let columns: [(&str, ArrayRef); 13] = [
             (ORDER_ID, Arc::new(StringArray::from(self.id))),
             ("order_ts", ts(self.order_ts)),
             ("amount_cents", Arc::new(Int64Array::from(self.amount))),
@@ -298,6 +306,7 @@ impl Rows {
             ("is_final", Arc::new(BooleanArray::from(self.is_final))),
             ("lag_s", Arc::new(Float64Array::from(self.lag_s))),
             (ORDER_DATE, Arc::new(Date32Array::from(self.date))),
+            (ORDER_HOUR, Arc::new(Int32Array::from(self.hour))),
             ("_updated_at", ts(vec![Some(stamp.now_us); n])),
             (
                 "_batch_id",
@@ -389,6 +398,7 @@ pub fn reconciliation_rows(
         r.status.push(Some(row_status));
         r.is_final.push(closed(anchor, stamp.w_after));
         r.date.push(day(anchor));
+        r.hour.push(crate::job::aggregate::hour_of(anchor));
         r.op.push("upsert");
     }
     let upserts = r.id.len();
@@ -432,6 +442,7 @@ pub fn fast_rows(
         r.first_capture.push(capture);
         r.lag_s.push(capture.map(|c| (c - o) as f64 / 1e6));
         r.date.push(day(o));
+        r.hour.push(crate::job::aggregate::hour_of(o));
         if fast {
             upserts += 1;
             r.op.push("upsert");
@@ -457,6 +468,20 @@ pub fn event_days(rows: &RecordBatch) -> Result<Vec<i32>> {
     days.sort_unstable();
     days.dedup();
     Ok(days)
+}
+
+/// The UTC hours of the events in `rows` (the hour partitions a MERGE must read, with
+/// the days of [`event_days`]).
+pub fn event_hours(rows: &RecordBatch) -> Result<Vec<i32>> {
+    let ts = event_ts(rows)?;
+    let mut hours: Vec<i32> = ts
+        .iter()
+        .flatten()
+        .map(crate::job::aggregate::hour_of)
+        .collect();
+    hours.sort_unstable();
+    hours.dedup();
+    Ok(hours)
 }
 
 #[cfg(test)]

@@ -154,6 +154,23 @@ where
     })
 }
 
+/// Delete `job`'s plans and results of batches before `keep_from` written more than
+/// `older_than` ago (the maintenance retention). Result `n` is the state batch `n + 1`
+/// starts from, so the last completed batch's is kept.
+pub async fn expire(
+    wh: &Warehouse,
+    job: &str,
+    keep_from: i64,
+    older_than: std::time::Duration,
+) -> Result<usize> {
+    let prefix = format!("_kestrel/plans/job/{job}/");
+    wh.loc
+        .expire(&prefix, older_than, |key| {
+            crate::ledger::plan_batch(key).is_some_and(|b| b < keep_from)
+        })
+        .await
+}
+
 /// Read plan `n` of `job`.
 pub async fn read_plan(wh: &Warehouse, job: &str, n: i64) -> Result<Option<JobPlan>> {
     read(wh, &key(job, n, "plan")).await

@@ -44,6 +44,8 @@ pub struct TableReport {
     /// Table version the checkpoint was written at.
     pub checkpoint_version: Option<i64>,
     pub files_vacuumed: usize,
+    /// Delta log files (commits, checkpoints) older than the retention deleted.
+    pub log_files_cleaned: usize,
     /// Why the table was left alone (busy, streamed, failed).
     pub skipped: Option<String>,
     pub duration_ms: u64,
@@ -53,6 +55,8 @@ pub struct TableReport {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct MaintainReport {
     pub tables: Vec<TableReport>,
+    /// Durable batch plans and results older than the retention that were deleted.
+    pub plans_expired: usize,
 }
 
 impl MaintainReport {
@@ -181,7 +185,34 @@ pub async fn run(
         progress(&r);
         report.tables.push(r);
     }
+    if !opts.no_vacuum {
+        report.plans_expired = expire_plans(wh, sources, jobs, opts.config.retention).await?;
+    }
     Ok(report)
+}
+
+/// Delete the durable plans (and job results) of completed batches before the last one
+/// that are older than `retention`: nothing reads them again, and a pipeline writes
+/// about six hundred a day.
+async fn expire_plans(
+    wh: &Warehouse,
+    sources: &[String],
+    jobs: &[JobSpec],
+    retention: Duration,
+) -> Result<usize> {
+    let mut n = 0;
+    for s in sources {
+        let last = runlog::last_batch(wh, "ingest", s).await?;
+        n += ledger::expire_plans(wh, s, last, retention).await?;
+    }
+    for spec in jobs {
+        let last = runlog::last_batch(wh, "job", &spec.name).await?;
+        n += crate::job::plan::expire(wh, &spec.name, last, retention).await?;
+    }
+    if n > 0 {
+        info!(plans = n, "expired durable plans");
+    }
+    Ok(n)
 }
 
 /// Maintain `tables` without taking leases: for a caller that is their only writer (the
@@ -227,20 +258,22 @@ fn file_count(t: &DeltaTable) -> Result<usize> {
     Ok(snap.log_data().num_files())
 }
 
-/// The first partition column when it is a date, else None.
+/// The first partition column that is a date, else None.
 fn date_partition(t: &DeltaTable) -> Result<Option<String>> {
     let snap = t
         .snapshot()
         .map_err(|e| Error::delta(t.table_url().as_str(), e))?;
     let meta = snap.metadata();
-    let Some(first) = meta.partition_columns().first() else {
-        return Ok(None);
-    };
-    let is_date = snap
-        .schema()
-        .field(first)
-        .is_some_and(|f| f.data_type() == &deltalake::kernel::DataType::DATE);
-    Ok(is_date.then(|| first.clone()))
+    let schema = snap.schema();
+    Ok(meta
+        .partition_columns()
+        .iter()
+        .find(|c| {
+            schema
+                .field(c.as_str())
+                .is_some_and(|f| f.data_type() == &deltalake::kernel::DataType::DATE)
+        })
+        .cloned())
 }
 
 async fn table(
@@ -266,13 +299,16 @@ async fn table(
             .map(|(c, v)| (c.as_str(), FilterOp::Lt, FilterValue::Scalar(v.as_str())))
             .collect();
         let target = NonZeroU64::new(opts.config.target_file_size).unwrap_or(NonZeroU64::MIN);
-        let (nt, m) = t
+        let mut op = t
             .optimize()
             .with_filters(&literals)
             .with_target_size(target)
-            .with_max_concurrent_tasks(2)
-            .await
-            .map_err(|e| Error::delta(&url, e))?;
+            .with_max_concurrent_tasks(2);
+        if rel.starts_with("bronze/") {
+            // Compacted bronze keeps the event-id bloom filters dedup relies on.
+            op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties());
+        }
+        let (nt, m) = op.await.map_err(|e| Error::delta(&url, e))?;
         t = nt;
         r.partitions_compacted = m.partitions_optimized;
         r.files_removed = m.num_files_removed;
@@ -286,15 +322,34 @@ async fn table(
     if !opts.no_vacuum {
         let retention =
             chrono::Duration::from_std(opts.config.retention).unwrap_or(chrono::Duration::days(7));
-        let (_, m) = t
+        let (nt, m) = t
             .vacuum()
             .with_retention_period(retention)
+            // Full: every unreferenced file older than the retention, not only those whose
+            // remove action is still in the log. Tables drop remove actions from their
+            // checkpoints after `delta.deletedFileRetentionDuration` (7 days, like the
+            // default retention), so the log alone would forget most compacted-away files
+            // before they are old enough; and a compaction killed half-way leaves files
+            // no remove action names.
+            .with_mode(deltalake::operations::vacuum::VacuumMode::Full)
             // The retention is the operator's explicit choice (kestrel.toml), not the
             // table's one-week default.
             .with_enforce_retention_duration(false)
             .await
             .map_err(|e| Error::delta(&url, e))?;
         r.files_vacuumed = m.files_deleted.len();
+        t = nt;
+        // The log, too, keeps what the retention promises and no more: every commit
+        // costs in proportion to the files its log holds.
+        if let Some(v) = t.version() {
+            r.log_files_cleaned = crate::sink::compact::cleanup_log(&t, v, retention).await?;
+        }
+    }
+    if r.log_files_cleaned > 0 {
+        // The loaded table may still name deleted log files: load it afresh next time.
+        wh.forget(rel);
+    } else {
+        crate::sink::tables::keep(&t);
     }
     info!(
         table = rel,

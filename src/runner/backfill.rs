@@ -37,7 +37,7 @@ use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::batch::{micros, now_us, JobRunner, GOLD_PARTITION};
+use super::batch::{micros, now_us, JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
 use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
@@ -142,7 +142,10 @@ struct Restated {
     gold_schema: SchemaRef,
     /// Columns that identify a row (the merge keys).
     ident: Vec<String>,
+    /// The date partition column (a day's rows are those of `partition = day`)…
     partition: &'static str,
+    /// …and every partition column a new table gets.
+    partitions: &'static [&'static str],
     with_too_late: Vec<String>,
 }
 
@@ -471,6 +474,7 @@ impl JobRunner {
             gold_schema,
             ident,
             partition: GOLD_PARTITION,
+            partitions: &GOLD_PARTITIONS,
             with_too_late,
         })
     }
@@ -552,6 +556,7 @@ impl JobRunner {
             gold_schema,
             ident: vec![pay::ORDER_ID.to_string()],
             partition: pay::ORDER_DATE,
+            partitions: &[pay::ORDER_DATE, pay::ORDER_HOUR],
             with_too_late,
         })
     }
@@ -702,6 +707,7 @@ impl JobRunner {
             gold_schema: so::alerts_schema(),
             ident: vec!["sku".to_string(), "minute".to_string()],
             partition: so::ALERT_DATE,
+            partitions: &[so::ALERT_DATE],
             with_too_late,
         })
     }
@@ -714,8 +720,24 @@ impl JobRunner {
             gold_schema,
             ident,
             partition,
+            partitions,
             with_too_late,
         } = r;
+        // A table created by an earlier release may lack a column (the hour partition):
+        // compare and write only the columns it has.
+        let current = self.wh.open(&spec.table).await?;
+        let (gold_schema, new) = match &current {
+            Some(t) => {
+                let has = super::batch::table_columns(t)?;
+                let keep: Vec<usize> = (0..gold_schema.fields().len())
+                    .filter(|i| has.contains(gold_schema.field(*i).name()))
+                    .collect();
+                let fitted: SchemaRef = std::sync::Arc::new(gold_schema.project(&keep)?);
+                let new = read::conform(&new, &agg::merge_schema(&fitted))?;
+                (fitted, new)
+            }
+            None => (gold_schema, new),
+        };
         let values: Vec<String> = gold_schema
             .fields()
             .iter()
@@ -726,7 +748,7 @@ impl JobRunner {
                     && !["_updated_at", "_batch_id", "detected_at"].contains(&n.as_str())
             })
             .collect();
-        let existing = match self.wh.open(&spec.table).await? {
+        let existing = match current {
             Some(t) => {
                 let gctx = delta::session_with(&t, "gold").await?;
                 read::read(
@@ -799,18 +821,15 @@ impl JobRunner {
             spec,
             gold_schema.clone(),
             merge_rows,
-            GOLD_PARTITION,
+            partitions,
             Vec::new(),
         );
-        let table = self
-            .wh
-            .open_or_create(&out.table, &out.schema, &[GOLD_PARTITION])
-            .await?;
+        let (table, out) = self.open_gold(out).await?;
         let app = app_id(&spec.name);
         let version = delta::txn_version(&table, &app).await?.unwrap_or(0) + 1;
         let ms = MergeSpec {
             keys: &out.keys,
-            partition: (partition, vec![ScalarValue::Date32(Some(day))]),
+            partitions: vec![(partition, vec![ScalarValue::Date32(Some(day))])],
             columns: gold_schema
                 .fields()
                 .iter()

@@ -28,6 +28,7 @@ use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
 use chrono::Utc;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, SessionContext};
+use deltalake::DeltaTable;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -42,6 +43,7 @@ use crate::runlog::{self, JobEntry};
 use crate::runner::ingest::bronze_path;
 use crate::runner::read;
 use crate::schema::SourceSchema;
+use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, MergeSpec, Warehouse};
 use crate::sink::late;
 use crate::time::window::WindowSpec;
@@ -125,7 +127,20 @@ impl Computed {
     }
 }
 
+/// Attempts of a gold commit that keeps losing races with other writers.
+pub const MERGE_ATTEMPTS: u32 = 6;
+
+/// Wait before attempt `attempt + 1`: 100 ms doubling, ±50 % jitter (so two writers that
+/// collided do not collide again in step).
+fn backoff(attempt: u32) -> std::time::Duration {
+    use rand::Rng;
+    let base = 100u64 << attempt.min(6);
+    let jitter = rand::thread_rng().gen_range(base / 2..=base + base / 2);
+    std::time::Duration::from_millis(jitter)
+}
+
 /// Merge-source rows for one gold table.
+#[derive(Clone)]
 pub(super) struct GoldRows {
     pub(super) table: String,
     /// Application id of the table's commits (txn version = job batch).
@@ -135,15 +150,55 @@ pub(super) struct GoldRows {
     /// The gold table's schema (the rows add `_op`).
     pub(super) schema: SchemaRef,
     pub(super) rows: Vec<RecordBatch>,
-    /// Partition column of the gold table (a date or an integer bucket).
-    pub(super) partition: &'static str,
-    /// Partition values the MERGE must read besides those the rows go to (where rows
-    /// that moved or are deleted may sit now).
-    pub(super) extra_partitions: Vec<ScalarValue>,
+    /// Partition columns of the gold table a new table gets (a date and its hour, or an
+    /// integer bucket); a table created by an earlier release may have fewer.
+    pub(super) partitions: Vec<&'static str>,
+    /// Per partition column, values the MERGE must read besides those the rows go to
+    /// (where rows that moved or are deleted may sit now); may be shorter than
+    /// `partitions`.
+    pub(super) extra_partitions: Vec<Vec<ScalarValue>>,
     /// Every row is an upsert of a key the table does not hold (the operator read the
     /// existing rows): append instead of MERGE, which reads no target file.
     pub(super) append_only: bool,
 }
+
+/// Names of `table`'s columns.
+pub(super) fn table_columns(table: &DeltaTable) -> Result<HashSet<String>> {
+    let snap = table
+        .snapshot()
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    Ok(snap
+        .schema()
+        .fields()
+        .map(|f| f.name().to_string())
+        .collect())
+}
+
+/// The partitions a MERGE of `out` reads: per partition column, the values its rows go
+/// to and the extra ones (a literal `IN` list each, so pruning needs no statistics).
+pub(super) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<ScalarValue>)>> {
+    let mut parts = Vec::with_capacity(out.partitions.len());
+    for (i, p) in out.partitions.iter().enumerate() {
+        let mut values = out.extra_partitions.get(i).cloned().unwrap_or_default();
+        for b in &out.rows {
+            if let Some(c) = b.column_by_name(p) {
+                for r in 0..c.len() {
+                    values.push(
+                        ScalarValue::try_from_array(c, r)
+                            .map_err(|e| Error::query("merge partition values", e))?,
+                    );
+                }
+            }
+        }
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        values.dedup();
+        parts.push((*p, values));
+    }
+    Ok(parts)
+}
+
+/// Partition columns of a windowed job's gold table: the window's date, then its hour.
+pub const GOLD_PARTITIONS: [&str; 2] = [GOLD_PARTITION, agg::WINDOW_HOUR];
 
 /// The table and application id whose commit of batch `n` completes a job's gold
 /// writes: the last MERGE a batch makes.
@@ -164,6 +219,7 @@ pub struct JobRunner {
     run_id: String,
     pub(super) lease_ttl: std::time::Duration,
     stop: Option<super::StopFlag>,
+    open: OpenCompaction,
 }
 
 impl JobRunner {
@@ -179,7 +235,15 @@ impl JobRunner {
             run_id: uuid::Uuid::new_v4().to_string(),
             lease_ttl,
             stop: None,
+            open: OpenCompaction::default(),
         }
+    }
+
+    /// Compact crowded open partitions of a job's tables after its batches this way
+    /// (`[maintain] open_partition_files`; see [`crate::sink::compact`]).
+    pub fn with_open_compaction(mut self, open: OpenCompaction) -> Self {
+        self.open = open;
+        self
     }
 
     /// The warehouse it writes to.
@@ -202,10 +266,30 @@ impl JobRunner {
         let mut lease =
             Lease::acquire(&self.wh, &format!("job-{}", spec.name), self.lease_ttl).await?;
         let result = self.run_batches(spec, &mut lease, &mut report).await;
+        if result.is_ok() && !report.batches.is_empty() {
+            self.compact_open(spec).await;
+        }
         if let Err(e) = lease.release().await {
             warn!(job = %spec.name, error = %e, "could not release lease");
         }
         result.map(|()| report)
+    }
+
+    /// After a job's batches, under its lease: compact the crowded open partitions of its
+    /// gold tables, its late ledger and the run log. A failure is logged, not fatal.
+    async fn compact_open(&self, spec: &JobSpec) {
+        let mut tables = crate::ops::status::gold_tables(spec);
+        tables.push(late::table_path(&spec.name));
+        tables.push(runlog::TABLE.to_string());
+        for table in tables {
+            let bookkeeping = table == runlog::TABLE;
+            let done =
+                compact::open_partitions(&self.wh, &table, &self.open, &[], None, bookkeeping)
+                    .await;
+            if let Err(e) = done {
+                warn!(job = %spec.name, %table, error = %e, "open-partition compaction failed; next run");
+            }
+        }
     }
 
     async fn run_batches(
@@ -216,6 +300,11 @@ impl JobRunner {
     ) -> Result<()> {
         let mut done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
         let mut state = self.state_before(spec, done + 1).await?;
+        // Completed ingestion batches, read once: what lands meanwhile is the next run's.
+        let mut ingested = BTreeMap::new();
+        for s in &spec.sources {
+            ingested.insert(s.clone(), runlog::last_batch(&self.wh, "ingest", s).await?);
+        }
         loop {
             if !report.batches.is_empty() {
                 if self.stop.as_ref().is_some_and(|s| s.stopped()) {
@@ -230,7 +319,7 @@ impl JobRunner {
                     info!(job = %spec.name, batch = n, "resuming planned batch");
                     p
                 }
-                None => match self.plan_next(spec, n, &state).await? {
+                None => match self.plan_next(spec, n, &state, &ingested).await? {
                     Some(p) => p,
                     None => break,
                 },
@@ -277,18 +366,18 @@ impl JobRunner {
 
     /// Plan batch `n`: per source, the next completed ingestion batch (one at a time, as a
     /// live pipeline would have seen them). None when no source has one.
-    async fn plan_next(&self, spec: &JobSpec, n: i64, state: &JobState) -> Result<Option<JobPlan>> {
-        let runs = self.wh.open(runlog::TABLE).await?;
+    async fn plan_next(
+        &self,
+        spec: &JobSpec,
+        n: i64,
+        state: &JobState,
+        ingested: &BTreeMap<String, i64>,
+    ) -> Result<Option<JobPlan>> {
         let mut inputs = BTreeMap::new();
         let mut any = false;
         for s in &spec.sources {
             let after = state.positions.get(s).copied().unwrap_or(0);
-            let ingested = match &runs {
-                Some(t) => delta::txn_version(t, &runlog::app_id("ingest", s))
-                    .await?
-                    .unwrap_or(0),
-                None => 0,
-            };
+            let ingested = ingested.get(s).copied().unwrap_or(0);
             let upto = ingested.min(after + 1).max(after);
             any |= upto > after;
             let bronze_version = if upto > after {
@@ -429,17 +518,44 @@ impl JobRunner {
 
     /// MERGE `out` unless its table already holds batch `n` (or there is nothing to
     /// write); returns the rows rewritten, inserted and deleted when it merged.
+    ///
+    /// A commit that loses a race with another writer's (a compaction of the same
+    /// partitions by `kestrel maintain`, another process's batch) is planned again
+    /// against the newer table: the rows are this batch's durable result, so the retry
+    /// writes the same thing; if the other writer committed this very batch, its
+    /// transaction is found and nothing is written. Retries back off with jitter and give
+    /// up after [`MERGE_ATTEMPTS`], reporting the table.
     async fn merge_gold(&self, spec: &JobSpec, out: GoldRows, n: i64) -> Result<Option<i64>> {
         if out.rows.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }
-        let table = self
-            .wh
-            .open_or_create(&out.table, &out.schema, &[out.partition])
-            .await?;
+        let mut attempt = 1;
+        loop {
+            match self.merge_gold_once(spec, &out, n).await {
+                Err(e) if e.is_commit_conflict() && attempt < MERGE_ATTEMPTS => {
+                    let wait = backoff(attempt);
+                    warn!(job = %spec.name, table = %out.table, batch = n, attempt, wait_ms = wait.as_millis() as u64, error = %e, "gold commit lost a race with another writer; planning it again");
+                    self.wh.forget(&out.table);
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(e) if e.is_commit_conflict() => {
+                    return Err(Error::Other(format!(
+                        "{}: batch {n} lost {MERGE_ATTEMPTS} commit races in a row with other writers; the next run retries it ({e})",
+                        out.table
+                    )))
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn merge_gold_once(&self, spec: &JobSpec, out: &GoldRows, n: i64) -> Result<Option<i64>> {
+        let (table, out) = self.open_gold(out.clone()).await?;
         if delta::txn_version(&table, &out.app).await?.unwrap_or(0) >= n {
             return Ok(None);
         }
+        fault::pause("job_before_gold_commit").await;
         if out.append_only {
             let rows = out
                 .rows
@@ -447,26 +563,13 @@ impl JobRunner {
                 .map(|b| read::conform(b, &out.schema))
                 .collect::<Result<Vec<_>>>()?;
             let written = rows.iter().map(|b| b.num_rows() as i64).sum();
-            delta::append(table, rows, &[out.partition], &out.app, n).await?;
+            delta::append(table, rows, &out.partitions, &out.app, n).await?;
             info!(job = %spec.name, table = %out.table, batch = n, inserted = written, "gold append");
             return Ok(Some(written));
         }
-        let mut values = out.extra_partitions;
-        for b in &out.rows {
-            if let Some(c) = b.column_by_name(out.partition) {
-                for i in 0..c.len() {
-                    values.push(
-                        ScalarValue::try_from_array(c, i)
-                            .map_err(|e| Error::query("merge partition values", e))?,
-                    );
-                }
-            }
-        }
-        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        values.dedup();
         let ms = MergeSpec {
             keys: &out.keys,
-            partition: (out.partition, values),
+            partitions: merge_partitions(&out)?,
             columns: out
                 .schema
                 .fields()
@@ -489,24 +592,60 @@ impl JobRunner {
         Ok(Some(counts.updated + counts.inserted + counts.deleted))
     }
 
+    /// Open (or create) `out`'s table, and fit `out` to it: a table created by an earlier
+    /// release lacks the hour partition column, so the rows go without it and the MERGE
+    /// names only the partition columns the table has.
+    pub(super) async fn open_gold(&self, mut out: GoldRows) -> Result<(DeltaTable, GoldRows)> {
+        let table = self
+            .wh
+            .open_or_create(&out.table, &out.schema, &out.partitions)
+            .await?;
+        let has = table_columns(&table)?;
+        if out.schema.fields().iter().all(|f| has.contains(f.name())) {
+            return Ok((table, out));
+        }
+        let keep: Vec<usize> = (0..out.schema.fields().len())
+            .filter(|i| has.contains(out.schema.field(*i).name()))
+            .collect();
+        out.schema = Arc::new(out.schema.project(&keep)?);
+        let target = agg::merge_schema(&out.schema);
+        out.rows = out
+            .rows
+            .iter()
+            .map(|b| read::conform(b, &target))
+            .collect::<Result<_>>()?;
+        let parts = delta::partition_columns(&table)?;
+        let (mut kept, mut extra) = (Vec::new(), Vec::new());
+        for (i, p) in out.partitions.iter().enumerate() {
+            if parts.iter().any(|q| q == p) {
+                kept.push(*p);
+                extra.push(out.extra_partitions.get(i).cloned().unwrap_or_default());
+            }
+        }
+        out.partitions = kept;
+        out.extra_partitions = extra;
+        Ok((table, out))
+    }
+
     /// A gold output to the job's own table (`[sink] table`, keys `merge_keys`).
     pub(super) fn gold_output(
         &self,
         spec: &JobSpec,
         schema: SchemaRef,
         rows: Vec<RecordBatch>,
-        partition: &'static str,
-        extra_partitions: Vec<ScalarValue>,
+        partitions: &[&'static str],
+        extra_partitions: Vec<Vec<ScalarValue>>,
     ) -> GoldRows {
         let keys = spec
             .merge_keys
             .iter()
             .map(|k| {
+                // `=` for keys that cannot be null: MERGE then joins on every key; with
+                // `IS NOT DISTINCT FROM` DataFusion hashes only the non-null-safe ones and
+                // compares the rest pairwise (seconds per batch for a sliding window).
                 let nullable = self
                     .source_schema(&spec.sources[0])
-                    .ok()
-                    .and_then(|s| s.bronze.field_with_name(k).ok().map(|f| f.is_nullable()))
-                    .unwrap_or(false);
+                    .is_ok_and(|s| s.may_be_null(k));
                 (k.clone(), nullable)
             })
             .collect();
@@ -516,7 +655,7 @@ impl JobRunner {
             keys,
             schema,
             rows,
-            partition,
+            partitions: partitions.to_vec(),
             extra_partitions,
             append_only: false,
         }
@@ -546,16 +685,6 @@ impl JobRunner {
         // finalisation lookup only keys, times and arrival columns.
         let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
         let input_schema = agg::job_input_schema(&schema);
-        let read_bronze = |filter, target: SchemaRef| {
-            let ctx = ctx.clone();
-            async move {
-                match ctx {
-                    Some(ctx) => read::read(&ctx, "bronze", filter, &target).await,
-                    None => Ok(RecordBatch::new_empty(target)),
-                }
-            }
-        };
-
         // 1. New rows; lateness is judged against W at batch start. They carry the job's
         // input columns: applied ones join the recompute as they are, so only older rows
         // are read again.
@@ -600,9 +729,16 @@ impl JobRunner {
                 if let Some((b, a)) = advanced {
                     // Sessions whose end + gap the watermark passed now turn final.
                     let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
-                    let rows = read_bronze(
-                        read::applied_in_ranges(&[(lo, a - gap + 1)], older, &cutoffs),
-                        new_schema.clone(),
+                    let rows = read::read_applied(
+                        ctx.as_ref(),
+                        "bronze",
+                        &[(lo, a - gap + 1)],
+                        read::Applied {
+                            upto: older,
+                            cutoffs: &cutoffs,
+                        },
+                        None,
+                        &new_schema,
                     )
                     .await?;
                     scope.touch(&mut enc, &rows, false)?;
@@ -708,7 +844,7 @@ impl JobRunner {
             state,
             counts,
             late,
-            vec![self.gold_output(spec, gold.0, gold.1, GOLD_PARTITION, Vec::new())],
+            vec![self.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
         ))
     }
 
@@ -786,8 +922,16 @@ async fn recompute_rows(
         return Ok(applied.clone());
     };
     let schema = applied.schema();
-    let filter = read::applied_in_ranges(ranges, older, cutoffs);
-    let old = read::read(ctx, "bronze", filter, &schema).await?;
+    let upto = older;
+    let old = read::read_applied(
+        Some(ctx),
+        "bronze",
+        ranges,
+        read::Applied { upto, cutoffs },
+        None,
+        &schema,
+    )
+    .await?;
     Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
 }
 

@@ -20,9 +20,8 @@ use std::time::Instant;
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Date32Type, Field, Schema};
+use arrow::datatypes::Date32Type;
 use chrono::Utc;
-use datafusion::datasource::MemTable;
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::ObjectStoreExt;
@@ -35,7 +34,9 @@ use crate::lease::Lease;
 use crate::ledger::{self, FileAction, FileOutcome, Plan, PlannedFile};
 use crate::runlog::{self, IngestEntry};
 use crate::schema::{SourceSchema, EVENT_DATE};
+use crate::sink::compact;
 use crate::sink::delta::{self, Warehouse};
+use crate::sink::probe;
 use crate::sink::quarantine::{self, QuarantineBuilder};
 use crate::source::decode::{decode_file, Decoded, Rejected};
 use crate::source::dedup::{id_hash, DedupSet};
@@ -286,10 +287,40 @@ impl Ingestor {
         )
         .await?;
         let result = self.ingest_batches(source, &schema, &mut lease).await;
+        if result.as_ref().is_ok_and(|r| !r.batches.is_empty()) {
+            self.compact_open(source).await;
+        }
         if let Err(e) = lease.release().await {
             warn!(source, error = %e, "could not release lease");
         }
         result
+    }
+
+    /// After a source's batches, under its lease: compact the crowded open partitions of
+    /// its bronze and quarantine tables, its part of the file ledger, and the run log
+    /// (see [`crate::sink::compact`]). A failure is logged, not fatal: the batches are
+    /// committed, and the next run tries again.
+    async fn compact_open(&self, source: &str) {
+        let open = self.cfg.maintain.open_compaction();
+        let own: &[(&str, &str)] = &[("source", source)];
+        let tables = [
+            (
+                bronze_path(source),
+                &[][..],
+                Some(delta::bronze_writer_properties()),
+                false,
+            ),
+            (quarantine::table_path(source), &[], None, false),
+            (ledger::TABLE.to_string(), own, None, true),
+            (runlog::TABLE.to_string(), &[], None, true),
+        ];
+        for (table, only, props, bookkeeping) in tables {
+            let done =
+                compact::open_partitions(&self.wh, &table, &open, only, props, bookkeeping).await;
+            if let Err(e) = done {
+                warn!(source, %table, error = %e, "open-partition compaction failed; next run");
+            }
+        }
     }
 
     async fn ingest_batches(
@@ -303,6 +334,8 @@ impl Ingestor {
             batches: Vec::new(),
         };
         let mut full_scan_done = false;
+        // Under the source's lease no other writer completes its batches.
+        let mut last = runlog::last_batch(&self.wh, "ingest", source).await?;
         loop {
             if !report.batches.is_empty() {
                 if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
@@ -311,7 +344,6 @@ impl Ingestor {
                 }
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
             }
-            let last = runlog::last_batch(&self.wh, "ingest", source).await?;
             let n = last + 1;
             let plan = match ledger::read_plan(&self.wh, source, n).await? {
                 Some(p) => {
@@ -337,6 +369,7 @@ impl Ingestor {
             fault::point("after_plan");
             let entry = self.execute(&plan, schema).await?;
             report.batches.push(entry);
+            last = n;
         }
         Ok(report)
     }
@@ -571,7 +604,7 @@ impl Ingestor {
                 "bronze already holds this batch (replay)"
             );
         } else if rows_written > 0 {
-            let props = delta::writer_properties(&["event_id", "_source_line"]);
+            let props = delta::bronze_writer_properties();
             let t =
                 delta::append_with(bronze, deduped, &[EVENT_DATE], &app, n, Some(props)).await?;
             bronze_version = t.version().map(|v| v as i64);
@@ -592,15 +625,8 @@ impl Ingestor {
         fault::point("after_quarantine");
 
         // 4. ledger
-        let lt = self
-            .wh
-            .open_or_create(ledger::TABLE, &ledger::SCHEMA, &["source"])
-            .await?;
-        let lapp = ledger::app_id(source);
-        if delta::txn_version(&lt, &lapp).await?.unwrap_or(0) < n {
-            let rows = ledger::ledger_batch(plan, &outcomes, now_us())?;
-            delta::append(lt, vec![rows], &["source"], &lapp, n).await?;
-        }
+        let rows = ledger::ledger_batch(plan, &outcomes, now_us())?;
+        ledger::record(&self.wh, source, n, rows).await?;
         fault::point("after_ledger");
 
         // 5. run log
@@ -787,6 +813,34 @@ fn dedup_in_memory(
     Ok(out)
 }
 
+/// The incoming event ids that bronze already holds in the touched event `dates` (rows of
+/// batch `n` itself excepted): see [`probe`].
+async fn existing_ids(
+    batches: &[RecordBatch],
+    id_idx: usize,
+    dates: &BTreeSet<i32>,
+    bronze: &deltalake::DeltaTable,
+    n: i64,
+) -> Result<HashSet<String, foldhash::fast::RandomState>> {
+    let mut incoming: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
+    for b in batches {
+        incoming.extend(b.column(id_idx).as_string::<i32>().iter().flatten());
+    }
+    let days: Vec<String> = dates.iter().map(|d| crate::time::date(*d)).collect();
+    let t = Instant::now();
+    let found = probe::existing_ids(bronze, &days, n, &incoming).await?;
+    info!(
+        incoming = incoming.len(),
+        files = found.files,
+        row_groups = found.row_groups,
+        row_groups_read = found.row_groups_read,
+        duplicates = found.ids.len(),
+        ms = t.elapsed().as_millis() as u64,
+        "dedup probe"
+    );
+    Ok(found.ids)
+}
+
 /// Remove duplicate event_ids: first occurrence within the batch wins, then anything
 /// already in bronze for the touched event dates (rows of batch `n` itself excepted, so a
 /// replay computes the same result).
@@ -808,48 +862,7 @@ async fn dedup(
     }
     let mut existing: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
     if bronze.version().unwrap_or(0) > 0 {
-        let ctx = delta::session_with(bronze, "bronze").await?;
-        let incoming = Arc::new(Schema::new(vec![Field::new(
-            "event_id",
-            DataType::Utf8,
-            false,
-        )]));
-        let id_cols: Vec<&dyn Array> = batches.iter().map(|b| b.column(id_idx).as_ref()).collect();
-        let ids_arr: Arc<dyn Array> = arrow::compute::concat(&id_cols)?;
-        // The id range lets Parquet statistics skip files and row groups that cannot hold
-        // a duplicate (effective when ids are time-ordered: ULIDs, snowflakes, counters).
-        let ids_str = ids_arr
-            .as_any()
-            .downcast_ref::<arrow::array::StringArray>()
-            .ok_or_else(|| Error::Other("event_id column is not Utf8".into()))?;
-        let min = arrow::compute::min_string(ids_str)
-            .unwrap_or_default()
-            .replace('\'', "''");
-        let max = arrow::compute::max_string(ids_str)
-            .unwrap_or_default()
-            .replace('\'', "''");
-        let mem = MemTable::try_new(
-            incoming.clone(),
-            vec![vec![RecordBatch::try_new(incoming, vec![ids_arr])?]],
-        )
-        .map_err(|e| Error::query("incoming ids", e))?;
-        ctx.register_table("incoming", Arc::new(mem))
-            .map_err(|e| Error::query("incoming ids", e))?;
-        let date_list = dates
-            .iter()
-            .map(|d| format!("DATE '{}'", crate::time::date(*d)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let q = format!(
-            "SELECT DISTINCT CAST(b.event_id AS VARCHAR) AS event_id FROM bronze b \
-             WHERE b.{EVENT_DATE} IN ({date_list}) AND b._batch_id <> {n} \
-             AND b.event_id BETWEEN '{min}' AND '{max}' \
-             AND b.event_id IN (SELECT event_id FROM incoming)"
-        );
-        for r in delta::sql(&ctx, &q).await? {
-            let col = delta::col_str(&r, 0)?;
-            existing.extend(col.iter().flatten().map(str::to_string));
-        }
+        existing = existing_ids(&batches, id_idx, &dates, bronze, n).await?;
     }
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     let mut seen: HashSet<&str, foldhash::fast::RandomState> =

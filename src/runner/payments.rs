@@ -111,16 +111,21 @@ impl JobRunner {
                 for s in &spec.sources {
                     let bronze = &self.source_schema(s)?.bronze;
                     let target = agg::project(bronze, &columns(&["order_id", "event_ts"]))?;
-                    let filter =
-                        read::applied_in_ranges(&[range], upto(&state, s), cutoffs(&state, s));
-                    touches.add(&read::read(&ctx, &table(s), filter, &target).await?)?;
+                    let applied = read::Applied {
+                        upto: upto(&state, s),
+                        cutoffs: cutoffs(&state, s),
+                    };
+                    let rows =
+                        read::read_applied(Some(&ctx), &table(s), &[range], applied, None, &target)
+                            .await?;
+                    touches.add(&rows)?;
                 }
             }
         }
         let re_evaluated = touches.len();
 
         // 4. The touched orders' lines and payments within the horizon, joined.
-        let (facts, days) = self
+        let (facts, days, hours) = self
             .order_facts(&ctx, spec, params, &state, &touches, horizon)
             .await?;
         let stamp = Stamp {
@@ -189,10 +194,16 @@ impl JobRunner {
                 spec,
                 schema,
                 vec![out.rows],
-                pay::ORDER_DATE,
-                days.into_iter()
-                    .map(|d| ScalarValue::Date32(Some(d)))
-                    .collect(),
+                &[pay::ORDER_DATE, pay::ORDER_HOUR],
+                vec![
+                    days.into_iter()
+                        .map(|d| ScalarValue::Date32(Some(d)))
+                        .collect(),
+                    hours
+                        .into_iter()
+                        .map(|h| ScalarValue::Int32(Some(h)))
+                        .collect(),
+                ],
             )],
         ))
     }
@@ -229,8 +240,8 @@ impl JobRunner {
         Ok(ids.iter().flatten().map(str::to_string).collect())
     }
 
-    /// Facts of the touched orders (see [`pay::facts`]) and the event days of the rows
-    /// they were computed from.
+    /// Facts of the touched orders (see [`pay::facts`]) and the event days and hours of
+    /// the rows they were computed from.
     async fn order_facts(
         &self,
         ctx: &SessionContext,
@@ -239,7 +250,7 @@ impl JobRunner {
         state: &JobState,
         touches: &Touches,
         horizon: i64,
-    ) -> Result<(RecordBatch, Vec<i32>)> {
+    ) -> Result<(RecordBatch, Vec<i32>, Vec<i32>)> {
         let (orders, payments) = (&spec.sources[0], &spec.sources[1]);
         // Ranges and keys are the same for both sources.
         let ranges = touches.ranges(horizon);
@@ -254,9 +265,12 @@ impl JobRunner {
                 if touches.is_empty() {
                     return Ok::<_, Error>(RecordBatch::new_empty(target));
                 }
-                let filter =
-                    read::applied_in_ranges(ranges, upto(state, &source), cutoffs(state, &source));
-                read::read_keys(ctx, &table(&source), filter, "order_id", keys, &target).await
+                let applied = read::Applied {
+                    upto: upto(state, &source),
+                    cutoffs: cutoffs(state, &source),
+                };
+                let keys = Some(("order_id", keys));
+                read::read_applied(Some(ctx), &table(&source), ranges, applied, keys, &target).await
             }
         };
         let o = read_side(orders, &pay::ORDER_INPUT).await?;
@@ -265,8 +279,12 @@ impl JobRunner {
         days.extend(pay::event_days(&p)?);
         days.sort_unstable();
         days.dedup();
+        let mut hours = pay::event_hours(&o)?;
+        hours.extend(pay::event_hours(&p)?);
+        hours.sort_unstable();
+        hours.dedup();
         let facts = pay::facts(o, p, params.business_window).await?;
-        Ok((facts, days))
+        Ok((facts, days, hours))
     }
 }
 

@@ -54,33 +54,109 @@ pub fn in_ranges(column: &str, ranges: &[(Micros, Micros)]) -> Expr {
         .unwrap_or(lit(false))
 }
 
-/// Rows applied to the job: ingested up to `upto` and not too late when consumed. Only
-/// cut-offs above `lo` (the lowest event time read) can exclude anything, so only those
-/// are spelled out.
-pub fn applied_rows(upto: i64, cutoffs: &[Cutoff], lo: Micros) -> Expr {
-    let mut e = col("_batch_id").lt_eq(lit(upto));
-    for c in cutoffs.iter().filter(|c| c.cutoff > lo) {
-        let late =
-            batches_between(c.after_batch, c.upto_batch).and(col("event_ts").lt(ts_lit(c.cutoff)));
-        e = e.and(datafusion::prelude::not(late));
-    }
-    e
+/// Which bronze rows a job has applied: those ingested up to batch `upto`, except rows
+/// that were too late when their batch was consumed (event_ts below the cut-off recorded
+/// for their batch range).
+#[derive(Debug, Clone, Copy)]
+pub struct Applied<'a> {
+    pub upto: i64,
+    pub cutoffs: &'a [Cutoff],
 }
+
+impl Applied<'_> {
+    /// Whether the row of ingestion batch `batch` at `event_ts` was applied.
+    fn keeps(&self, batch: i64, event_ts: Micros) -> bool {
+        if batch > self.upto {
+            return false;
+        }
+        // Cut-offs cover ascending, disjoint batch ranges.
+        let i = self.cutoffs.partition_point(|c| c.upto_batch < batch);
+        match self.cutoffs.get(i) {
+            Some(c) if c.after_batch < batch => event_ts >= c.cutoff,
+            _ => true,
+        }
+    }
+
+    /// `b` without the rows this job did not apply (`b` has `_batch_id` and `event_ts`).
+    pub fn retain(&self, b: &RecordBatch) -> Result<RecordBatch> {
+        use arrow::array::{AsArray, BooleanArray};
+        use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+        if self.cutoffs.is_empty() || b.num_rows() == 0 {
+            return Ok(b.clone());
+        }
+        let col = |name: &str| {
+            b.column_by_name(name)
+                .ok_or_else(|| Error::Other(format!("applied-row filter needs column {name}")))
+        };
+        let batch = cast(col(BATCH_ID)?, &DataType::Int64)?;
+        let batch = batch.as_primitive::<Int64Type>();
+        let ts = col("event_ts")?.as_primitive::<TimestampMicrosecondType>();
+        let keep: BooleanArray = (0..b.num_rows())
+            .map(|i| Some(self.keeps(batch.value(i), ts.value(i))))
+            .collect();
+        if keep.true_count() == b.num_rows() {
+            return Ok(b.clone());
+        }
+        Ok(arrow::compute::filter_record_batch(b, &keep)?)
+    }
+}
+
+/// Bronze column of the ingestion batch that wrote a row.
+pub const BATCH_ID: &str = "_batch_id";
 
 /// Ranges wider than this are read without an event-date list (about 3 years).
 const MAX_LISTED_SPAN: Micros = 1100 * crate::job::aggregate::DAY;
 
-/// Every bronze read of a job batch: the applied rows of `[lo, hi)` ranges, restricted to
-/// their event dates.
-pub fn applied_in_ranges(ranges: &[(Micros, Micros)], upto: i64, cutoffs: &[Cutoff]) -> Expr {
+/// The filter of every ranged bronze read of a job batch: `[lo, hi)` event-time ranges,
+/// restricted to their event dates, of ingestion batches up to `upto`.
+pub fn in_ranges_upto(ranges: &[(Micros, Micros)], upto: i64) -> Expr {
     let lo = ranges.first().map_or(Micros::MIN, |r| r.0);
     let hi = ranges.last().map_or(Micros::MIN, |r| r.1);
-    let in_time = in_ranges("event_ts", ranges).and(applied_rows(upto, cutoffs, lo));
+    let in_time = in_ranges("event_ts", ranges).and(col(BATCH_ID).lt_eq(lit(upto)));
     // An open-ended range (everything before the first watermark) names no dates.
     if hi.saturating_sub(lo) > MAX_LISTED_SPAN {
         return in_time;
     }
     dates_in(EVENT_DATE, &crate::job::aggregate::dates_of(ranges)).and(in_time)
+}
+
+/// The rows of table `name` in `ctx` (None: no table yet, no rows) that the job applied
+/// in event-time `ranges`, with the columns of `target`; restricted to rows whose `key`
+/// column is in a [`keys_batch`] when `keys` is given. Cut-offs are applied to the rows
+/// read, not spelled out in the filter: a job keeps one per batch within the lookback
+/// (hundreds), and a filter of that size costs every row and every file.
+pub async fn read_applied(
+    ctx: Option<&SessionContext>,
+    name: &str,
+    ranges: &[(Micros, Micros)],
+    applied: Applied<'_>,
+    keys: Option<(&str, &RecordBatch)>,
+    target: &SchemaRef,
+) -> Result<RecordBatch> {
+    let Some(ctx) = ctx else {
+        return Ok(RecordBatch::new_empty(target.clone()));
+    };
+    let filter = in_ranges_upto(ranges, applied.upto);
+    // Read the columns the cut-offs need too, then drop them again.
+    let mut fields: Vec<Field> = target.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for (name, ty) in [
+        (BATCH_ID, DataType::Int64),
+        ("event_ts", crate::schema::ts_type()),
+    ] {
+        if target.field_with_name(name).is_err() && !applied.cutoffs.is_empty() {
+            fields.push(Field::new(name, ty, true));
+        }
+    }
+    let wide = Arc::new(Schema::new(fields));
+    let rows = match keys {
+        Some((key, keys)) => read_keys(ctx, name, filter, key, keys, &wide).await?,
+        None => read(ctx, name, filter, &wide).await?,
+    };
+    let rows = applied.retain(&rows)?;
+    if wide.fields().len() == target.fields().len() {
+        return Ok(rows);
+    }
+    conform(&rows, target)
 }
 
 /// Run `filter` over table `name` of `ctx` and return one batch conformed to `target`
@@ -137,6 +213,16 @@ pub async fn read_keys(
 }
 
 async fn collect(df: DataFrame, what: &str, target: &SchemaRef) -> Result<RecordBatch> {
+    let t = std::time::Instant::now();
+    let r = collect_inner(df, what, target).await;
+    crate::sink::timings::record(
+        format!("read {}", what.split(' ').nth(1).unwrap_or("")),
+        t.elapsed(),
+    );
+    r
+}
+
+async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<RecordBatch> {
     let names: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
     let df = df
         .select_columns(&names)
@@ -166,4 +252,60 @@ pub fn conform(b: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(target.clone(), cols)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, TimestampMicrosecondArray};
+
+    #[test]
+    fn applied_rows_drop_what_was_too_late_for_its_batch() {
+        let cutoffs = [
+            Cutoff {
+                after_batch: 0,
+                upto_batch: 2,
+                cutoff: 100,
+            },
+            Cutoff {
+                after_batch: 4,
+                upto_batch: 5,
+                cutoff: 300,
+            },
+        ];
+        let a = Applied {
+            upto: 6,
+            cutoffs: &cutoffs,
+        };
+        // (batch, event_ts, applied?)
+        let rows = [
+            (1, 99, false),
+            (2, 100, true),
+            (3, 50, true), // batch 3 had no cut-off
+            (5, 299, false),
+            (5, 300, true),
+            (6, 1, true),
+            (7, 500, false), // not consumed yet
+        ];
+        for (b, ts, want) in rows {
+            assert_eq!(a.keeps(b, ts), want, "batch {b} at {ts}");
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(BATCH_ID, DataType::Int64, false),
+            Field::new("event_ts", crate::schema::ts_type(), false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.1))
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        let kept = a.retain(&batch).unwrap();
+        assert_eq!(kept.num_rows(), rows.iter().filter(|r| r.2).count());
+    }
 }

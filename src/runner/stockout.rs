@@ -13,9 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
-use datafusion::prelude::{col, Expr};
+use datafusion::prelude::col;
 
 use super::batch::{app_id, micros, now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
@@ -55,15 +54,6 @@ impl JobRunner {
         let ctx = match self.wh.open(&bronze_path(source)).await? {
             Some(t) => Some(delta::session_with(&t, "bronze").await?),
             None => None,
-        };
-        let read_bronze = |filter: Expr, target: SchemaRef| {
-            let ctx = ctx.clone();
-            async move {
-                match ctx {
-                    Some(ctx) => read::read(&ctx, "bronze", filter, &target).await,
-                    None => Ok(RecordBatch::new_empty(target)),
-                }
-            }
         };
         let event_cols = agg::project(&bronze, &columns(&so::INPUT))?;
 
@@ -109,8 +99,20 @@ impl JobRunner {
         let new_events = so::events_by_sku(&applied)?;
         let passed = match cutoff_after {
             Some(ca) if ca > lo => {
-                let filter = read::applied_in_ranges(&[(lo, ca)], upto, &cutoffs);
-                so::events_by_sku(&read_bronze(filter, event_cols.clone()).await?)?
+                let applied = read::Applied {
+                    upto,
+                    cutoffs: &cutoffs,
+                };
+                let rows = read::read_applied(
+                    ctx.as_ref(),
+                    "bronze",
+                    &[(lo, ca)],
+                    applied,
+                    None,
+                    &event_cols,
+                )
+                .await?;
+                so::events_by_sku(&rows)?
             }
             _ => BTreeMap::new(),
         };
@@ -145,16 +147,21 @@ impl JobRunner {
                 .max()
                 .unwrap_or(lo)
                 + 1;
-            let filter = read::applied_in_ranges(&[(lo, hi.max(lo + 1))], upto, &cutoffs);
-            match &ctx {
-                Some(ctx) => {
-                    let keys = keys_batch(replay.iter().copied())?;
-                    let b =
-                        read::read_keys(ctx, "bronze", filter, "sku", &keys, &event_cols).await?;
-                    so::events_by_sku(&b)?
-                }
-                None => BTreeMap::new(),
-            }
+            let keys = keys_batch(replay.iter().copied())?;
+            let applied = read::Applied {
+                upto,
+                cutoffs: &cutoffs,
+            };
+            let b = read::read_applied(
+                ctx.as_ref(),
+                "bronze",
+                &[(lo, hi.max(lo + 1))],
+                applied,
+                Some(("sku", &keys)),
+                &event_cols,
+            )
+            .await?;
+            so::events_by_sku(&b)?
         };
         let mut computed: BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)> = BTreeMap::new();
         let mut next: BTreeMap<String, SkuState> = BTreeMap::new();
@@ -267,7 +274,7 @@ impl JobRunner {
             spec,
             so::alerts_schema(),
             vec![alerts],
-            so::ALERT_DATE,
+            &[so::ALERT_DATE],
             Vec::new(),
         );
         alerts_out.append_only = append_only;
@@ -279,7 +286,7 @@ impl JobRunner {
                 keys: vec![("sku".to_string(), false)],
                 schema: so::availability_schema(),
                 rows: vec![availability],
-                partition: so::BUCKET,
+                partitions: vec![so::BUCKET],
                 extra_partitions: Vec::new(),
                 append_only: false,
             },

@@ -22,7 +22,8 @@ use crate::storage::Location;
 /// `delta.checkpointInterval` of the tables kestrel creates.
 pub const CHECKPOINT_INTERVAL: &str = "10";
 
-/// The warehouse: a location holding Delta tables at relative paths.
+/// The warehouse: a location holding Delta tables at relative paths. Tables are kept
+/// open across batches ([`super::tables`]).
 #[derive(Clone, Debug)]
 pub struct Warehouse {
     pub loc: Location,
@@ -34,6 +35,26 @@ impl Warehouse {
         Warehouse { loc }
     }
 
+    /// Whether a kept local table was deleted (and maybe created again) since: a table
+    /// created anew would otherwise look unchanged.
+    fn replaced(&self, rel: &str, table: &DeltaTable) -> bool {
+        match (&self.loc.local_dir, table.version()) {
+            (Some(dir), Some(v)) => !dir
+                .join(rel)
+                .join("_delta_log")
+                .join(format!("{v:020}.json"))
+                .exists(),
+            _ => false,
+        }
+    }
+
+    /// Forget a kept table (after it was deleted or replaced underneath).
+    pub fn forget(&self, rel: &str) {
+        if let Ok(url) = self.table_url(rel) {
+            super::tables::forget(&url);
+        }
+    }
+
     /// URL of a table, e.g. `bronze/orders`.
     pub fn table_url(&self, rel: &str) -> Result<Url> {
         self.loc.child_url(rel)
@@ -41,19 +62,44 @@ impl Warehouse {
 
     /// Open a table; None when nothing has been committed there yet.
     pub async fn open(&self, rel: &str) -> Result<Option<DeltaTable>> {
+        let t = std::time::Instant::now();
+        let r = self.open_inner(rel).await;
+        super::timings::record(format!("open {rel}"), t.elapsed());
+        r
+    }
+
+    async fn open_inner(&self, rel: &str) -> Result<Option<DeltaTable>> {
         let url = self.table_url(rel)?;
         if let Some(dir) = &self.loc.local_dir {
             if !dir.join(rel).join("_delta_log").is_dir() {
+                self.forget(rel);
                 return Ok(None);
             }
         }
-        let mut table = DeltaTableBuilder::from_url(url.clone())
-            .map_err(|e| Error::delta(url.as_str(), e))?
-            .with_storage_options(self.options())
+        let mut kept = super::tables::kept(&url);
+        if kept.as_ref().is_some_and(|t| self.replaced(rel, t)) {
+            self.forget(rel);
+            kept = None;
+        }
+        if let Some(mut table) = kept {
+            match super::tables::refresh(&mut table).await {
+                Ok(()) => return Ok(Some(table)),
+                // Deleted or rewritten underneath (a test, an operator): load afresh.
+                Err(e) => {
+                    tracing::debug!(table = rel, error = %e, "kept table unusable; reloading");
+                    self.forget(rel);
+                }
+            }
+        }
+        let mut table = self
+            .builder(&url)?
             .build()
             .map_err(|e| Error::delta(url.as_str(), e))?;
         match table.load().await {
-            Ok(()) => Ok(Some(table)),
+            Ok(()) => {
+                super::tables::keep(&table);
+                Ok(Some(table))
+            }
             Err(deltalake::DeltaTableError::NotATable(_)) => Ok(None),
             Err(e) => Err(Error::delta(url.as_str(), e)),
         }
@@ -61,6 +107,28 @@ impl Warehouse {
 
     fn options(&self) -> HashMap<String, String> {
         self.loc.options.clone()
+    }
+
+    /// A table builder for `url` with this warehouse's storage options (and, only when a
+    /// fault point inside delta-rs commits is asked for, the fault-injecting store).
+    fn builder(&self, url: &Url) -> Result<DeltaTableBuilder> {
+        let mut b = DeltaTableBuilder::from_url(url.clone())
+            .map_err(|e| Error::delta(url.as_str(), e))?
+            .with_storage_options(self.options());
+        if crate::fault::wraps_store() {
+            let root: std::sync::Arc<dyn deltalake::logstore::object_store::ObjectStore> =
+                match &self.loc.local_dir {
+                    Some(_) => std::sync::Arc::new(
+                        deltalake::logstore::object_store::local::LocalFileSystem::new(),
+                    ),
+                    None => self.loc.store.clone(),
+                };
+            b = b.with_storage_backend(
+                std::sync::Arc::new(crate::fault::FaultStore::new(root)),
+                url.clone(),
+            );
+        }
+        Ok(b)
     }
 
     /// Open a table, creating it empty with `schema` and `partitions` if it does not exist.
@@ -82,9 +150,8 @@ impl Warehouse {
             .as_ref()
             .try_into_kernel()
             .map_err(|e| Error::Other(format!("{url}: schema not representable in Delta: {e}")))?;
-        let table = DeltaTableBuilder::from_url(url.clone())
-            .map_err(|e| Error::delta(url.as_str(), e))?
-            .with_storage_options(self.options())
+        let table = self
+            .builder(&url)?
             .build()
             .map_err(|e| Error::delta(url.as_str(), e))?;
         let created = table
@@ -100,7 +167,10 @@ impl Warehouse {
             .with_save_mode(SaveMode::Ignore)
             .await;
         match created {
-            Ok(t) => Ok(t),
+            Ok(t) => {
+                super::tables::keep(&t);
+                Ok(t)
+            }
             // Lost a creation race: the other writer's table is just as good.
             Err(e) => match self.open(rel).await? {
                 Some(t) => Ok(t),
@@ -112,17 +182,33 @@ impl Warehouse {
 
 /// The last application-transaction version recorded for `app_id`.
 pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
-    let snap = table
-        .snapshot()
-        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
-    snap.transaction_version(table.log_store().as_ref(), app_id)
-        .await
-        .map_err(|e| Error::delta(table.table_url().as_str(), e))
+    let t = std::time::Instant::now();
+    let r = txn_version_inner(table, app_id).await;
+    super::timings::record(
+        format!(
+            "txn {}",
+            super::timings::table_name(table.table_url().as_str())
+        ),
+        t.elapsed(),
+    );
+    r
+}
+
+async fn txn_version_inner(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    super::txn::version(table, app_id).await
 }
 
 /// Commit properties carrying an application transaction.
 pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
-    CommitProperties::default().with_application_transaction(Transaction::new(app_id, version))
+    commit_props().with_application_transaction(Transaction::new(app_id, version))
+}
+
+/// Commit properties of every kestrel commit: no expired-log cleanup after the commit.
+/// delta-rs would otherwise list the whole `_delta_log` after every commit (its cost
+/// grows with every commit the log still holds: ~10 µs each, 0.1 s at 10,000); the
+/// maintenance slot cleans the logs instead ([`cleanup_logs`]).
+pub fn commit_props() -> CommitProperties {
+    CommitProperties::default().with_cleanup_expired_logs(Some(false))
 }
 
 /// Parquet writer settings: snappy, and no dictionary for the named columns (unique
@@ -133,6 +219,33 @@ pub fn writer_properties(no_dictionary: &[&str]) -> WriterProperties {
         b = b.set_column_dictionary_enabled(ColumnPath::from(*c), false);
     }
     b.build()
+}
+
+/// False-positive rate of the `event_id` bloom filters in bronze files. A dedup probe of
+/// K incoming ids against the row groups of the touched dates reads a row group that
+/// cannot hold any of them with probability ≈ K × fpp; at Kestrel's scale (K ≈ 50k,
+/// ~100 row groups a day) 1e-7 keeps that under one wasted read per batch, for ≈ 7
+/// bytes of filter per event.
+pub const EVENT_ID_BLOOM_FPP: f64 = 1e-7;
+
+/// Rows per Parquet row group in bronze files: the unit a dedup probe reads when a bloom
+/// filter says "maybe".
+pub const BRONZE_ROW_GROUP_ROWS: usize = 128 * 1024;
+
+/// Parquet settings of bronze files (ingestion appends and their compaction alike): ids
+/// and line numbers without dictionaries, and a bloom filter on `event_id` so dedup reads
+/// only the row groups that may hold an incoming id.
+pub fn bronze_writer_properties() -> WriterProperties {
+    let id = ColumnPath::from("event_id");
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_column_dictionary_enabled(id.clone(), false)
+        .set_column_dictionary_enabled(ColumnPath::from("_source_line"), false)
+        .set_column_bloom_filter_enabled(id.clone(), true)
+        .set_column_bloom_filter_fpp(id.clone(), EVENT_ID_BLOOM_FPP)
+        .set_column_bloom_filter_max_ndv(id, BRONZE_ROW_GROUP_ROWS as u64)
+        .set_max_row_group_row_count(Some(BRONZE_ROW_GROUP_ROWS))
+        .build()
 }
 
 /// Append batches in one commit carrying `(app_id, version)`. Returns the table after commit.
@@ -166,7 +279,16 @@ pub async fn append_with(
     if !partitions.is_empty() {
         w = w.with_partition_columns(partitions.iter().map(|s| s.to_string()));
     }
-    w.await.map_err(|e| Error::delta(url, e))
+    let t = std::time::Instant::now();
+    let r = w.await.map_err(|e| Error::delta(&url, e));
+    super::timings::record(
+        format!("append {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
+    if let Ok(t) = &r {
+        super::tables::keep(t);
+    }
+    r
 }
 
 /// Append in one commit carrying `(app_id, version)`, adding any columns the table lacks
@@ -174,17 +296,38 @@ pub async fn append_with(
 pub async fn append_evolving(
     table: DeltaTable,
     batches: Vec<RecordBatch>,
+    partitions: &[String],
     app_id: &str,
     version: i64,
 ) -> Result<DeltaTable> {
     let url = table.table_url().to_string();
-    table
+    let t = std::time::Instant::now();
+    let mut w = table
         .write(batches)
         .with_save_mode(SaveMode::Append)
         .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
-        .with_commit_properties(txn_props(app_id, version))
-        .await
-        .map_err(|e| Error::delta(url, e))
+        .with_commit_properties(txn_props(app_id, version));
+    if !partitions.is_empty() {
+        w = w.with_partition_columns(partitions.iter().cloned());
+    }
+    let r = w.await.map_err(|e| Error::delta(&url, e));
+    super::timings::record(
+        format!("append {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
+    if let Ok(t) = &r {
+        super::tables::keep(t);
+    }
+    r
+}
+
+/// The partition columns of `table` (tables created by an earlier release may lack one
+/// a newer release would create).
+pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
+    let snap = table
+        .snapshot()
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    Ok(snap.metadata().partition_columns().to_vec())
 }
 
 /// A DataFusion session for reading kestrel's tables.
@@ -209,6 +352,7 @@ pub async fn session_with(table: &DeltaTable, name: &str) -> Result<SessionConte
 /// Register `table` under `name` in `ctx`.
 pub async fn register(ctx: &SessionContext, table: &DeltaTable, name: &str) -> Result<()> {
     let url = table.table_url().to_string();
+    let t = std::time::Instant::now();
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| Error::delta(&url, e))?;
@@ -218,11 +362,25 @@ pub async fn register(ctx: &SessionContext, table: &DeltaTable, name: &str) -> R
         .map_err(|e| Error::query(format!("open {url}"), e))?;
     ctx.register_table(name, provider)
         .map_err(|e| Error::query(format!("register {url}"), e))?;
+    super::timings::record(
+        format!("register {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
     Ok(())
 }
 
 /// Run SQL and collect the result.
 pub async fn sql(ctx: &SessionContext, query: &str) -> Result<Vec<RecordBatch>> {
+    let t = std::time::Instant::now();
+    let r = sql_inner(ctx, query).await;
+    super::timings::record(
+        format!("sql {}", &query[..query.len().min(40)]),
+        t.elapsed(),
+    );
+    r
+}
+
+async fn sql_inner(ctx: &SessionContext, query: &str) -> Result<Vec<RecordBatch>> {
     let df = ctx.sql(query).await.map_err(|e| Error::query(query, e))?;
     df.collect().await.map_err(|e| Error::query(query, e))
 }
@@ -255,10 +413,10 @@ pub fn col_i64(b: &RecordBatch, i: usize) -> Result<arrow::array::Int64Array> {
 pub struct MergeSpec<'a> {
     /// Key columns (matched with `=`, or `IS NOT DISTINCT FROM` when nullable).
     pub keys: &'a [(String, bool)],
-    /// Partition column of the target and the values the source rows (and the rows
-    /// they replace) hold: the predicate names them as a literal `IN` list so only
-    /// those partitions' files are read.
-    pub partition: (&'a str, Vec<ScalarValue>),
+    /// Partition columns of the target and the values the source rows (and the rows
+    /// they replace) hold: the predicate names each as a literal `IN` list so only
+    /// those partitions' files are read (a column without values is not restricted).
+    pub partitions: Vec<(&'a str, Vec<ScalarValue>)>,
     /// Columns to write (all target columns).
     pub columns: Vec<String>,
     /// Source column holding `upsert` or `delete` (tombstones).
@@ -277,6 +435,7 @@ pub async fn merge(
     version: i64,
 ) -> Result<(DeltaTable, MergeCounts)> {
     let url = table.table_url().to_string();
+    let t_merge = std::time::Instant::now();
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     let source = ctx
         .read_batches(batches)
@@ -298,10 +457,11 @@ pub async fn merge(
             }
         })
         .collect();
-    let (pcol, values) = &spec.partition;
-    if !values.is_empty() {
-        let list = values.iter().map(|v| lit(v.clone())).collect();
-        pred.push(col(format!("t.{pcol}")).in_list(list, false));
+    for (pcol, values) in &spec.partitions {
+        if !values.is_empty() {
+            let list = values.iter().map(|v| lit(v.clone())).collect();
+            pred.push(col(format!("t.{pcol}")).in_list(list, false));
+        }
     }
     let predicate = pred.into_iter().reduce(Expr::and).unwrap_or(lit(true));
     let op = spec.op_column;
@@ -336,6 +496,11 @@ pub async fn merge(
         .map_err(|e| Error::delta(&url, e))?
         .await
         .map_err(|e| Error::delta(&url, e))?;
+    super::timings::record(
+        format!("merge {}", super::timings::table_name(&url)),
+        t_merge.elapsed(),
+    );
+    super::tables::keep(&table);
     Ok((
         table,
         MergeCounts {

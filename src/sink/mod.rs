@@ -1,6 +1,11 @@
 //! Writing Delta tables: generic open/create/append/MERGE with application
 //! transactions, the late-data ledger and the quarantine table.
 
+pub mod compact;
 pub mod delta;
 pub mod late;
+pub mod probe;
 pub mod quarantine;
+pub mod tables;
+pub mod timings;
+pub mod txn;

@@ -1,0 +1,203 @@
+//! Compaction of the partitions a pipeline is still writing ("open" partitions: today's
+//! date in bronze, the run log, alerts…), between batches.
+//!
+//! Every five-minute batch adds a small file to each partition it writes. The daily
+//! maintenance compacts closed days; within the day the files would pile up — 288 a day
+//! per table and source — and everything that reads the open day (dedup, recomputes,
+//! state reads, Delta log replay and checkpoints) would pay for each of them. So after a
+//! writer's batches, any partition holding at least `min_files` files smaller than the
+//! target is compacted (bin-packed, in log order, so `_batch_id` ranges stay contiguous
+//! and incremental reads keep pruning).
+//!
+//! Compaction commits change no data (`dataChange = false`): readers selecting rows by
+//! ingestion batch see the same rows. A compaction that loses a race with another
+//! writer's commit (Delta reports a conflict) is given up, never forced, and tried again
+//! after the next batch; one killed half-way leaves only unreferenced files, which the
+//! daily vacuum removes.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU64;
+
+use deltalake::kernel::schema::partitions::{FilterOp, FilterValue};
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::DeltaTable;
+use tracing::{debug, info};
+
+use crate::error::{Error, Result};
+use crate::sink::delta::Warehouse;
+
+/// When and how to compact open partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenCompaction {
+    /// Compact a partition once it holds this many files below the target (0: never).
+    pub min_files: usize,
+    /// Target size of the compacted files, in bytes.
+    pub target_size: u64,
+}
+
+impl Default for OpenCompaction {
+    fn default() -> Self {
+        OpenCompaction {
+            min_files: 16,
+            target_size: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Compacted {
+    pub partitions: usize,
+    pub files_removed: u64,
+    pub files_added: u64,
+}
+
+/// Partitions (as `column → value` lists) holding at least `min_files` small files, among
+/// those matching every `(column, value)` of `only`.
+fn crowded(
+    table: &DeltaTable,
+    opts: &OpenCompaction,
+    only: &[(&str, &str)],
+) -> Result<Vec<Vec<(String, String)>>> {
+    let snap = table
+        .snapshot()
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    let mut count: BTreeMap<Vec<(String, String)>, usize> = BTreeMap::new();
+    for f in snap.log_data().iter() {
+        if f.size() as u64 >= opts.target_size {
+            continue;
+        }
+        let mut parts: Vec<(String, String)> = Vec::new();
+        let mut null = false;
+        for (k, v) in f.partition_values_map() {
+            match v {
+                Some(v) => parts.push((k, v)),
+                None => null = true,
+            }
+        }
+        if null {
+            continue; // no equality filter names a null partition; left to maintenance
+        }
+        if !only
+            .iter()
+            .all(|(c, v)| parts.iter().any(|(pc, pv)| pc == c && pv == v))
+        {
+            continue;
+        }
+        parts.sort();
+        *count.entry(parts).or_default() += 1;
+    }
+    Ok(count
+        .into_iter()
+        .filter(|(_, n)| *n >= opts.min_files)
+        .map(|(p, _)| p)
+        .collect())
+}
+
+/// Commits a bookkeeping table (the run log, the file ledger) keeps in its log after a
+/// compaction; older ones are deleted back to a checkpoint. Every kestrel batch commits
+/// to these tables, and a commit costs ~3 µs for every file its log still holds (delta-rs
+/// lists the log), so their logs are kept short; nobody time-travels them.
+pub const BOOKKEEPING_LOG_VERSIONS: u64 = 200;
+
+/// …and never a log file younger than this (a reader may be replaying it).
+const BOOKKEEPING_LOG_MIN_AGE: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Delete `table`'s log files (commits, checkpoints) written more than `min_age` ago and
+/// older than the newest checkpoint at or before version `keep_from`: the table's state
+/// from that checkpoint on stays readable (and so do its application transactions,
+/// which checkpoints carry). Returns how many files were deleted.
+pub async fn cleanup_log(
+    table: &DeltaTable,
+    keep_from: u64,
+    min_age: chrono::Duration,
+) -> Result<usize> {
+    let cutoff = (chrono::Utc::now() - min_age).timestamp_millis();
+    deltalake::checkpoints::cleanup_expired_logs_for(
+        keep_from,
+        table.log_store().as_ref(),
+        cutoff,
+        None,
+    )
+    .await
+    .map_err(|e| Error::delta(table.table_url().as_str(), e))
+}
+
+/// Compact the crowded partitions of `rel` (see the module docs) among those matching
+/// `only` (e.g. one source's part of the file ledger); for a `bookkeeping` table, then
+/// shorten its log to [`BOOKKEEPING_LOG_VERSIONS`]. Returns None when nothing needed it,
+/// or when it lost a race with another writer (logged; the next batch tries again).
+pub async fn open_partitions(
+    wh: &Warehouse,
+    rel: &str,
+    opts: &OpenCompaction,
+    only: &[(&str, &str)],
+    props: Option<WriterProperties>,
+    bookkeeping: bool,
+) -> Result<Option<Compacted>> {
+    if opts.min_files == 0 {
+        return Ok(None);
+    }
+    let Some(table) = wh.open(rel).await? else {
+        return Ok(None);
+    };
+    let url = table.table_url().to_string();
+    let mut done = Compacted::default();
+    let mut table = table;
+    for part in crowded(&table, opts, only)? {
+        let filters: Vec<_> = part
+            .iter()
+            .map(|(c, v)| (c.as_str(), FilterOp::Eq, FilterValue::Scalar(v.as_str())))
+            .collect();
+        let target = NonZeroU64::new(opts.target_size).unwrap_or(NonZeroU64::MIN);
+        let mut op = table
+            .clone()
+            .optimize()
+            .with_filters(&filters)
+            .with_target_size(target)
+            .with_max_concurrent_tasks(2);
+        if let Some(p) = &props {
+            op = op.with_writer_properties(p.clone());
+        }
+        let compacting = crate::fault::compacting();
+        let outcome = op.await;
+        drop(compacting);
+        match outcome {
+            Ok((t, m)) => {
+                table = t;
+                done.partitions += 1;
+                done.files_removed += m.num_files_removed;
+                done.files_added += m.num_files_added;
+            }
+            Err(e) if crate::error::is_delta_conflict(&e) => {
+                info!(table = rel, error = %e, "open-partition compaction lost a race with another writer; next batch");
+                wh.forget(rel);
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::delta(&url, e)),
+        }
+    }
+    if done.partitions == 0 {
+        return Ok(None);
+    }
+    crate::sink::tables::keep(&table);
+    if bookkeeping {
+        if let Some(v) = table.version() {
+            let keep_from = v.saturating_sub(BOOKKEEPING_LOG_VERSIONS);
+            let n = cleanup_log(&table, keep_from, BOOKKEEPING_LOG_MIN_AGE).await?;
+            if n > 0 {
+                // The loaded table may still name deleted log files.
+                wh.forget(rel);
+            }
+            debug!(table = rel, log_files = n, "bookkeeping log shortened");
+        }
+    }
+    debug!(
+        table = rel,
+        partitions = done.partitions,
+        removed = done.files_removed,
+        added = done.files_added,
+        "open partitions compacted"
+    );
+    Ok(Some(done))
+}

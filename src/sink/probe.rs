@@ -1,0 +1,235 @@
+//! Which of a batch's event ids bronze already holds: the exact dedup probe, reading
+//! only the row groups that can hold one.
+//!
+//! Bronze files carry a bloom filter on `event_id` in every row group (see
+//! [`crate::sink::delta::bronze_writer_properties`]). A probe lists the active files of
+//! the touched event dates, skips row groups whose `event_id` range misses every
+//! incoming id (time-ordered ids: ULIDs, snowflakes, counters), asks each remaining row
+//! group's bloom filter about every incoming id, and reads `event_id` and `_batch_id` of
+//! the row groups that said "maybe" — comparing exactly. With random UUIDs the cost is
+//! one filter check per incoming id and row group plus the filters' bytes, instead of
+//! every id of the touched dates; row groups without a filter (files written before
+//! filters existed) are read whole, as before, until compaction rewrites them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::Int64Type;
+use deltalake::logstore::object_store::path::Path as ObjPath;
+use deltalake::logstore::object_store::ObjectStore;
+use deltalake::logstore::object_store::ObjectStoreExt;
+use deltalake::parquet::arrow::arrow_reader::ArrowReaderOptions;
+use deltalake::parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use deltalake::parquet::arrow::ProjectionMask;
+use deltalake::parquet::errors::ParquetError;
+use deltalake::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use deltalake::parquet::file::statistics::Statistics;
+use deltalake::DeltaTable;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::error::{Error, Result};
+
+/// Ids held, with the work it took (for the log).
+#[derive(Debug, Default)]
+pub struct Found {
+    pub ids: HashSet<String, foldhash::fast::RandomState>,
+    pub files: usize,
+    pub row_groups: usize,
+    /// Row groups read because a filter (or a missing filter) said "maybe".
+    pub row_groups_read: usize,
+}
+
+type Ids<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
+
+/// The ids of `incoming` that bronze (`table`) holds in partitions `event_date` ∈
+/// `dates` (`YYYY-MM-DD`), ignoring rows of ingestion batch `exclude_batch`.
+pub async fn existing_ids(
+    table: &DeltaTable,
+    dates: &[String],
+    exclude_batch: i64,
+    incoming: &Ids<'_>,
+) -> Result<Found> {
+    let mut found = Found::default();
+    let (Some(lo), Some(hi)) = (incoming.iter().min(), incoming.iter().max()) else {
+        return Ok(found);
+    };
+    let snap = table
+        .snapshot()
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    let files: Vec<(ObjPath, u64)> = snap
+        .log_data()
+        .iter()
+        .filter(|f| {
+            f.partition_values_map()
+                .get(crate::schema::EVENT_DATE)
+                .is_some_and(|v| v.as_ref().is_some_and(|d| dates.contains(d)))
+        })
+        .map(|f| (f.object_store_path(), f.size() as u64))
+        .collect();
+    found.files = files.len();
+    let store = table.log_store().object_store(None);
+    let url = table.table_url().to_string();
+    let per_file = files.into_iter().map(|(path, size)| {
+        let store = store.clone();
+        let url = url.clone();
+        async move { probe_file(store, path, size, lo, hi, exclude_batch, incoming, &url).await }
+    });
+    let results: Vec<FileFound> = futures::stream::iter(per_file)
+        .buffer_unordered(4)
+        .try_collect()
+        .await?;
+    for r in results {
+        found.row_groups += r.row_groups;
+        found.row_groups_read += r.read;
+        found.ids.extend(r.ids);
+    }
+    Ok(found)
+}
+
+struct FileFound {
+    ids: Vec<String>,
+    row_groups: usize,
+    read: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn probe_file(
+    store: Arc<dyn ObjectStore>,
+    path: ObjPath,
+    size: u64,
+    lo: &str,
+    hi: &str,
+    exclude_batch: i64,
+    incoming: &Ids<'_>,
+    url: &str,
+) -> Result<FileFound> {
+    let what = || format!("dedup probe of {url}{path}");
+    let reader = Reader {
+        store,
+        path: path.clone(),
+        size,
+    };
+    let mut builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+    let meta = builder.metadata().clone();
+    let schema = meta.file_metadata().schema_descr();
+    let column = |name: &str| (0..schema.num_columns()).find(|i| schema.column(*i).name() == name);
+    let (Some(id_col), Some(batch_col)) =
+        (column("event_id"), column(crate::runner::read::BATCH_ID))
+    else {
+        return Err(Error::Other(format!(
+            "{}: file lacks event_id or _batch_id",
+            what()
+        )));
+    };
+    let mut read = Vec::new();
+    for rg in 0..meta.num_row_groups() {
+        let chunk = meta.row_group(rg).column(id_col);
+        if let Some(Statistics::ByteArray(s)) = chunk.statistics() {
+            let min = s.min_bytes_opt();
+            let max = s.max_bytes_opt();
+            let below = max.is_some_and(|m| lo.as_bytes() > m);
+            let above = min.is_some_and(|m| hi.as_bytes() < m);
+            if below || above {
+                continue;
+            }
+        }
+        let maybe = match builder
+            .get_row_group_column_bloom_filter(rg, id_col)
+            .await
+            .map_err(|e| Error::Other(format!("{}: {e}", what())))?
+        {
+            Some(bloom) => incoming.iter().any(|id| bloom.check(*id)),
+            None => true,
+        };
+        if maybe {
+            read.push(rg);
+        }
+    }
+    let mut out = FileFound {
+        ids: Vec::new(),
+        row_groups: meta.num_row_groups(),
+        read: read.len(),
+    };
+    if read.is_empty() {
+        return Ok(out);
+    }
+    let mask = ProjectionMask::leaves(schema, [id_col, batch_col]);
+    let mut stream = builder
+        .with_row_groups(read)
+        .with_projection(mask)
+        .build()
+        .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+    while let Some(b) = stream.next().await {
+        let b = b.map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+        let ids = arrow::compute::cast(
+            b.column_by_name("event_id")
+                .ok_or_else(|| Error::Other(format!("{}: no event_id", what())))?,
+            &arrow::datatypes::DataType::Utf8,
+        )?;
+        let ids = ids.as_string::<i32>();
+        let batches = arrow::compute::cast(
+            b.column_by_name(crate::runner::read::BATCH_ID)
+                .ok_or_else(|| Error::Other(format!("{}: no _batch_id", what())))?,
+            &arrow::datatypes::DataType::Int64,
+        )?;
+        let batches = batches.as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            if ids.is_valid(i)
+                && (batches.is_null(i) || batches.value(i) != exclude_batch)
+                && incoming.contains(ids.value(i))
+            {
+                out.ids.push(ids.value(i).to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A Parquet file in an object store, of known size.
+struct Reader {
+    store: Arc<dyn ObjectStore>,
+    path: ObjPath,
+    size: u64,
+}
+
+fn parquet_err(e: deltalake::logstore::object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for Reader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> BoxFuture<'_, deltalake::parquet::errors::Result<bytes::Bytes>> {
+        let (store, path) = (self.store.clone(), self.path.clone());
+        async move { store.get_range(&path, range).await.map_err(parquet_err) }.boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> BoxFuture<'_, deltalake::parquet::errors::Result<Vec<bytes::Bytes>>> {
+        let (store, path) = (self.store.clone(), self.path.clone());
+        async move { store.get_ranges(&path, &ranges).await.map_err(parquet_err) }.boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, deltalake::parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let meta = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(meta))
+        }
+        .boxed()
+    }
+}
