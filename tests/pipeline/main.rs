@@ -3,6 +3,7 @@
 
 mod backfill;
 mod common;
+mod compaction;
 mod ingest;
 mod jobs;
 mod ops;

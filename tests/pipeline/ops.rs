@@ -148,7 +148,11 @@ fn maintain_compacts_closed_partitions_checkpoints_and_vacuums_without_changing_
     assert_eq!(b["partitions_compacted"], 1, "{b}");
     assert!(b["files_vacuumed"].as_u64().unwrap() >= 6, "{b}");
     assert!(b["checkpoint_version"].as_i64().is_some(), "{b}");
-    assert_eq!(table("_kestrel/runs")["files_after"], 1);
+    // The file ledger's partitions are dated by arrival (the fixtures' 2025 dates: closed);
+    // the run log's by processing time (today: left to the compaction between batches).
+    assert_eq!(table("_kestrel/ledger")["files_after"], 1);
+    let runs = table("_kestrel/runs");
+    assert_eq!(runs["files_after"], runs["files_before"], "{runs}");
     assert_eq!(table("gold/sessions")["skipped"], "not written yet");
     // Vacuum with retention 0 deleted the compacted-away files from storage.
     assert_eq!(parquet("bronze/orders"), 1);
