@@ -44,18 +44,30 @@ pub const OP: &str = "_op";
 /// Bronze bookkeeping columns a job never reads.
 pub const UNREAD_COLUMNS: [&str; 3] = ["_source_file", "_source_line", "_ingested_at"];
 
-/// The bronze columns a job's recompute reads (and its aggregates may use): everything
-/// but file/line bookkeeping.
-pub fn job_input_schema(bronze: &Schema) -> SchemaRef {
+/// The bronze columns a job's recompute reads (and its aggregates may use): with
+/// `only` (keys and the columns its aggregates read) those, the event time and the
+/// columns the watermark and cut-offs need; without, every column but file/line
+/// bookkeeping (what a job's expressions are planned against). Bronze order is kept.
+pub fn job_input_schema(bronze: &Schema, only: Option<&[&[String]]>) -> SchemaRef {
+    let wanted = |name: &str| match only {
+        None => !UNREAD_COLUMNS.contains(&name),
+        Some(sets) => {
+            TIME_COLUMNS.contains(&name) || sets.iter().any(|s| s.iter().any(|c| c == name))
+        }
+    };
     Arc::new(Schema::new(
         bronze
             .fields()
             .iter()
-            .filter(|f| !UNREAD_COLUMNS.contains(&f.name().as_str()))
+            .filter(|f| wanted(f.name()))
             .map(|f| f.as_ref().clone())
             .collect::<Vec<_>>(),
     ))
 }
+
+/// Columns every recompute reads besides a job's own: event time, and what the
+/// watermark (partition, arrival) and the cut-offs (ingestion batch) need.
+const TIME_COLUMNS: [&str; 4] = ["event_ts", "_source_partition", "_landed_at", "_batch_id"];
 
 /// Columns read for a batch's new rows: keys, event id and time, partition, arrival.
 pub fn new_row_columns(keys: &[String]) -> Vec<String> {

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::MemTable;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 
 use crate::config::{files_with_extension, parse_duration};
@@ -69,6 +71,9 @@ pub enum JobKind {
         window: WindowSpec,
         /// (output column, SQL aggregate expression), in file order.
         aggregates: Vec<(String, String)>,
+        /// The event columns the aggregate expressions read (found by planning them),
+        /// so recomputes read only those, the keys and the time columns.
+        inputs: Vec<String>,
     },
     /// Order/payment matching (`payments_fast`, `payment_reconciliation`).
     Payments {
@@ -84,6 +89,7 @@ pub struct AggregateParts<'a> {
     pub keys: &'a [String],
     pub window: &'a WindowSpec,
     pub aggregates: &'a [(String, String)],
+    pub inputs: &'a [String],
 }
 
 impl JobSpec {
@@ -94,10 +100,12 @@ impl JobSpec {
                 keys,
                 window,
                 aggregates,
+                inputs,
             } => Ok(AggregateParts {
                 keys,
                 window,
                 aggregates,
+                inputs,
             }),
             _ => Err(Error::Other(format!("{} is not a windowed job", self.name))),
         }
@@ -639,7 +647,7 @@ async fn aggregate_kind(
     // Plan each expression with DataFusion against an empty table of the columns a job
     // reads from bronze.
     let ctx = SessionContext::new();
-    let input = crate::job::aggregate::job_input_schema(&schema.bronze);
+    let input = crate::job::aggregate::job_input_schema(&schema.bronze, None);
     let empty = MemTable::try_new(input.clone(), vec![vec![RecordBatch::new_empty(input)]])
         .map_err(|e| Error::query("empty events table", e))?;
     ctx.register_table("events", Arc::new(empty))
@@ -649,26 +657,50 @@ async fn aggregate_kind(
         .map(|k| format!("\"{k}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    let mut inputs = std::collections::BTreeSet::new();
     for (col, expr) in &aggregates {
         let sql = if group.is_empty() {
             format!("SELECT {expr} AS \"{col}\" FROM events")
         } else {
             format!("SELECT {group}, {expr} AS \"{col}\" FROM events GROUP BY {group}")
         };
-        if let Err(e) = ctx.sql(&sql).await {
-            let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or_default().to_string();
-            return Err(a.err(
-                col,
-                format!("an aggregate over {} columns ({first})", schema.name),
-            ));
+        let planned = match ctx.sql(&sql).await {
+            Ok(df) => df.into_optimized_plan(),
+            Err(e) => Err(e),
+        };
+        match planned {
+            Ok(plan) => scanned_columns(&plan, &mut inputs),
+            Err(e) => {
+                let msg = e.to_string();
+                let first = msg.lines().next().unwrap_or_default().to_string();
+                return Err(a.err(
+                    col,
+                    format!("an aggregate over {} columns ({first})", schema.name),
+                ));
+            }
         }
     }
     Ok(JobKind::Aggregate {
         keys,
         window,
         aggregates,
+        inputs: inputs.into_iter().collect(),
     })
+}
+
+/// Add the columns the table scans of `plan` read to `out`.
+fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<String>) {
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            out.extend(
+                scan.projected_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone()),
+            );
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
 }
 
 /// Load the shipped jobs, then `dir/*.toml` (which may override them by name).
@@ -716,8 +748,10 @@ mod tests {
                 keys,
                 window,
                 aggregates,
+                inputs,
             } => {
                 assert_eq!(keys, &vec!["sku".to_string()]);
+                assert_eq!(inputs, &vec!["amount_cents", "quantity", "sku"]);
                 assert_eq!(
                     *window,
                     WindowSpec::Sliding {
@@ -732,6 +766,26 @@ mod tests {
         }
         assert_eq!(r.merge_keys, vec!["sku", "window_start"]);
         assert_eq!(r.table, "gold/revenue_1h");
+        // Recomputes read only what the aggregates and keys use (not page, sku, ids).
+        for job in ["sessions", "clickstream_5m"] {
+            let parts = jobs[job].aggregate().unwrap();
+            assert_eq!(parts.inputs, ["anonymous_id", "event_type"], "{job}");
+        }
+        let b = &schemas()["clickstream"].bronze;
+        let sessions = jobs["sessions"].aggregate().unwrap();
+        let read = crate::job::aggregate::job_input_schema(b, Some(&[sessions.inputs]));
+        let names: Vec<&str> = read.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "event_ts",
+                "anonymous_id",
+                "event_type",
+                "_source_partition",
+                "_landed_at",
+                "_batch_id"
+            ]
+        );
         assert_eq!(
             jobs["sessions"].merge_keys,
             vec!["anonymous_id", "session_start"]

@@ -390,10 +390,11 @@ impl JobRunner {
             keys,
             window,
             aggregates,
+            inputs,
         } = spec.aggregate()?;
         let source = &spec.sources[0];
         let bronze = self.source_schema(source)?.bronze.clone();
-        let input_schema = agg::job_input_schema(&bronze);
+        let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let position = input.position(source);
         let table = super::payments::table(source);

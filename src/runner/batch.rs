@@ -671,6 +671,7 @@ impl JobRunner {
             keys,
             window,
             aggregates,
+            inputs,
         } = spec.aggregate()?;
         let source = &spec.sources[0];
         let schema = self.source_schema(source)?.bronze.clone();
@@ -681,10 +682,10 @@ impl JobRunner {
             Some(t) => Some(delta::session_with(t, "bronze").await?),
             None => None,
         };
-        // Reads project the job's input columns (not file/line bookkeeping); the session
-        // finalisation lookup only keys, times and arrival columns.
+        // Reads project the job's input columns (keys, what its aggregates read, time
+        // columns); the session finalisation lookup only keys, times and arrival columns.
         let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
-        let input_schema = agg::job_input_schema(&schema);
+        let input_schema = agg::job_input_schema(&schema, Some(&[keys, inputs]));
         // 1. New rows; lateness is judged against W at batch start. They carry the job's
         // input columns: applied ones join the recompute as they are, so only older rows
         // are read again.
