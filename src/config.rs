@@ -77,6 +77,11 @@ pub struct MaintainConfig {
     pub open_partition_files: usize,
     /// Target file size of that compaction, in bytes.
     pub open_target_file_size: u64,
+    /// `delta.deletedFileRetentionDuration` of the tables kestrel creates: how long a
+    /// checkpoint keeps the remove actions of files a compaction or MERGE replaced. Not
+    /// a safety margin for readers (vacuum keeps files for `retention`); every
+    /// checkpoint writes, and every open reads, the tombstones it keeps.
+    pub tombstone_retention: Duration,
 }
 
 impl Default for MaintainConfig {
@@ -87,6 +92,7 @@ impl Default for MaintainConfig {
             target_file_size: 128 * 1024 * 1024,
             open_partition_files: open.min_files,
             open_target_file_size: open.target_size,
+            tombstone_retention: crate::sink::delta::TOMBSTONE_RETENTION,
         }
     }
 }
@@ -433,10 +439,11 @@ fn parse_maintain(file: &str, t: &toml::Table, m: &mut MaintainConfig) -> Result
                 m.open_partition_files = non_negative(file, &field, value)? as usize
             }
             "open_target_file_size" => m.open_target_file_size = positive(file, &field, value)?,
+            "tombstone_retention" => m.tombstone_retention = duration(file, &field, value)?,
             other => return Err(Error::config(
                 file,
                 format!("maintain.{other}"),
-                "one of retention, target_file_size, open_partition_files, open_target_file_size",
+                "one of retention, target_file_size, open_partition_files, open_target_file_size, tombstone_retention",
             )),
         }
     }

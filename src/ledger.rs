@@ -5,13 +5,15 @@
 //! a crash processes exactly the same files, and two writers cannot plan different
 //! contents for the same batch id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::{
     Array, Date32Builder, Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -225,22 +227,109 @@ pub async fn record(wh: &Warehouse, source: &str, batch_id: i64, rows: RecordBat
         return Ok(());
     }
     let parts = delta::partition_columns(&table)?;
-    delta::append_evolving(table, vec![rows], &parts, &app, batch_id).await?;
+    let props = Some(writer_properties());
+    delta::append_evolving(table, vec![rows], &parts, &app, batch_id, props).await?;
     Ok(())
 }
 
-/// Every file recorded for a source (used by full scans only).
-pub async fn known_files(wh: &Warehouse, source: &str) -> Result<HashMap<String, Known>> {
+/// Parquet properties of the ledger's files: a bloom filter on `path`, so a full
+/// listing's "was this file seen before?" reads the filters of a source's ledger, not
+/// every path it ever ingested (see [`known_files`]).
+pub fn writer_properties() -> WriterProperties {
+    let path = ColumnPath::from("path");
+    WriterProperties::builder()
+        .set_column_bloom_filter_enabled(path.clone(), true)
+        .set_column_bloom_filter_fpp(path.clone(), 0.001)
+        // About a day of one source's files at Kestrel's scale: a compacted day fills
+        // one filter (≈ 32 KiB).
+        .set_column_bloom_filter_max_ndv(path, 16_384)
+        .build()
+}
+
+/// What the ledger knows of `listed` (a full listing of `source`): each listed path's
+/// latest recorded size, e-tag and batch (paths never recorded are absent).
+///
+/// Bounded by the listing, not by the ledger's age: an unchanged file's row sits in the
+/// `landed_date` partition of its modification time, so those partitions are read
+/// first; the paths not found there — new files, and changed ones whose modification
+/// time moved — are then looked up in the rest of the source's ledger by the bloom
+/// filters on `path` ([`probe`]), and only the paths found are read. (A path whose
+/// modification time moved to another day and then back is read from the partition of
+/// its current time alone.) A ledger created before `landed_date` existed is read whole.
+pub async fn known_files(
+    wh: &Warehouse,
+    source: &str,
+    listed: &[LandedFile],
+) -> Result<HashMap<String, Known>> {
     let mut out: HashMap<String, Known> = HashMap::new();
     let Some(table) = wh.open(TABLE).await? else {
         return Ok(out);
     };
     let ctx = delta::session_with(&table, "ledger").await?;
+    let own = format!("source = '{}'", source.replace('\'', "''"));
+    if !delta::partition_columns(&table)?
+        .iter()
+        .any(|c| c == "landed_date")
+    {
+        read_known(&ctx, &own, &mut out).await?;
+        return Ok(out);
+    }
+    let days: std::collections::BTreeSet<String> = listed
+        .iter()
+        .map(|f| crate::time::date(f.landed_at_us.div_euclid(86_400_000_000) as i32))
+        .collect();
+    if days.is_empty() {
+        return Ok(out);
+    }
+    let in_days = days
+        .iter()
+        .map(|d| format!("DATE '{d}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    read_known(
+        &ctx,
+        &format!("{own} AND landed_date IN ({in_days})"),
+        &mut out,
+    )
+    .await?;
+    let unmatched: HashSet<&str, foldhash::fast::RandomState> = listed
+        .iter()
+        .map(|f| f.path.as_str())
+        .filter(|p| !out.contains_key(*p))
+        .collect();
+    if unmatched.is_empty() {
+        return Ok(out);
+    }
+    let sources = [source.to_string()];
+    let probe = crate::sink::probe::Probe {
+        column: "path",
+        partition: ("source", &sources),
+        exclude: None,
+    };
+    let found = crate::sink::probe::existing(&table, &probe, &unmatched).await?;
+    if found.ids.is_empty() {
+        return Ok(out);
+    }
+    let paths = found
+        .ids
+        .iter()
+        .map(|p| format!("'{}'", p.replace('\'', "''")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    read_known(&ctx, &format!("{own} AND path IN ({paths})"), &mut out).await?;
+    Ok(out)
+}
+
+/// Add the ledger rows matching `filter` to `out`, keeping each path's latest batch.
+async fn read_known(
+    ctx: &datafusion::prelude::SessionContext,
+    filter: &str,
+    out: &mut HashMap<String, Known>,
+) -> Result<()> {
     let q = format!(
-        "SELECT CAST(path AS VARCHAR) AS path, size, CAST(e_tag AS VARCHAR) AS e_tag, batch_id FROM ledger WHERE source = '{}'",
-        source.replace('\'', "''")
+        "SELECT CAST(path AS VARCHAR) AS path, size, CAST(e_tag AS VARCHAR) AS e_tag, batch_id FROM ledger WHERE {filter}"
     );
-    for b in delta::sql(&ctx, &q).await? {
+    for b in delta::sql(ctx, &q).await? {
         let paths = delta::col_str(&b, 0)?;
         let sizes = delta::col_i64(&b, 1)?;
         let etags = delta::col_str(&b, 2)?;
@@ -259,5 +348,125 @@ pub async fn known_files(wh: &Warehouse, source: &str) -> Result<HashMap<String,
             }
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::discover::Format;
+
+    const DAY: i64 = 86_400_000_000;
+
+    fn file(path: &str, size: u64, landed_at_us: i64) -> LandedFile {
+        LandedFile {
+            path: path.into(),
+            partition: "0".into(),
+            size,
+            e_tag: Some(format!("{size}-{landed_at_us}")),
+            landed_at_us,
+            format: Format::Ndjson,
+        }
+    }
+
+    fn plan(batch_id: i64, files: &[LandedFile]) -> Plan {
+        Plan {
+            source: "orders".into(),
+            batch_id,
+            created_at: String::new(),
+            full_scan: false,
+            files: files
+                .iter()
+                .map(|f| PlannedFile {
+                    file: f.clone(),
+                    action: FileAction::Ingest,
+                })
+                .collect(),
+            cursors_after: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn known_files_finds_unchanged_moved_and_new_paths_of_a_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        );
+        let t0 = 20_000 * DAY + 3_600_000_000;
+        // Three days of files, one batch a day; another source's file of the same name.
+        for d in 0..3 {
+            let files: Vec<LandedFile> = (0..50)
+                .map(|i| file(&format!("orders/d{d}/f{i}.ndjson"), 100 + i, t0 + d * DAY))
+                .collect();
+            let outcomes: Vec<FileOutcome> = files
+                .iter()
+                .map(|_| FileOutcome {
+                    status: "ingested",
+                    records: 1,
+                    reason: None,
+                })
+                .collect();
+            let rows = ledger_batch(&plan(d + 1, &files), &outcomes, 0).unwrap();
+            record(&wh, "orders", d + 1, rows).await.unwrap();
+        }
+        let mut other = plan(1, &[file("orders/d0/f7.ndjson", 999, t0)]);
+        other.source = "payments".into();
+        let outcome = [FileOutcome {
+            status: "ingested",
+            records: 1,
+            reason: None,
+        }];
+        record(
+            &wh,
+            "payments",
+            1,
+            ledger_batch(&other, &outcome, 0).unwrap(),
+        )
+        .await
+        .unwrap();
+
+        let listed = vec![
+            // unchanged (found in its landed day's partition)
+            file("orders/d2/f3.ndjson", 103, t0 + 2 * DAY),
+            // rewritten two days later: bigger, another modification day
+            file("orders/d0/f7.ndjson", 500, t0 + 2 * DAY),
+            // never ingested
+            file("orders/new.ndjson", 10, t0 + 2 * DAY),
+        ];
+        let known = known_files(&wh, "orders", &listed).await.unwrap();
+        assert_eq!(known["orders/d2/f3.ndjson"].size, 103);
+        assert_eq!(known["orders/d2/f3.ndjson"].batch_id, 3);
+        // the orders row, not the payments one of the same path
+        assert_eq!(known["orders/d0/f7.ndjson"].size, 107);
+        assert_eq!(known["orders/d0/f7.ndjson"].batch_id, 1);
+        assert!(!known.contains_key("orders/new.ndjson"));
+        assert_eq!(
+            known.len(),
+            50 + 1,
+            "the listed days' rows and the moved file"
+        );
+
+        // The ledger's files carry the path filter the probe relies on.
+        let table = wh.open(TABLE).await.unwrap().unwrap();
+        // d2's path range covers the second path: only its filter rules that file out.
+        let paths = ["orders/d1/f9.ndjson", "orders/d2/nope.ndjson"];
+        let incoming = paths.iter().copied().collect();
+        let sources = ["orders".to_string()];
+        let probe = crate::sink::probe::Probe {
+            column: "path",
+            partition: ("source", &sources),
+            exclude: None,
+        };
+        let found = crate::sink::probe::existing(&table, &probe, &incoming)
+            .await
+            .unwrap();
+        assert_eq!(
+            found.ids.iter().collect::<Vec<_>>(),
+            ["orders/d1/f9.ndjson"]
+        );
+        assert_eq!(found.files, 3);
+        assert_eq!(found.row_groups, 3);
+        assert_eq!(found.row_groups_read, 1, "{found:?}");
+    }
 }

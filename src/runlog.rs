@@ -224,7 +224,8 @@ async fn append(wh: &Warehouse, row: &Row<'_>) -> Result<bool> {
         return Ok(false);
     }
     let parts = delta::partition_columns(&table)?;
-    delta::append_evolving(table, vec![row.to_batch()?], &parts, &app, row.batch_id).await?;
+    let rows = vec![row.to_batch()?];
+    delta::append_evolving(table, rows, &parts, &app, row.batch_id, None).await?;
     Ok(true)
 }
 

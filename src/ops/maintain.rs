@@ -307,6 +307,9 @@ async fn table(
         if rel.starts_with("bronze/") {
             // Compacted bronze keeps the event-id bloom filters dedup relies on.
             op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties());
+        } else if rel == crate::ledger::TABLE {
+            // …and the ledger its path filters (full listings probe them).
+            op = op.with_writer_properties(crate::ledger::writer_properties());
         }
         let (nt, m) = op.await.map_err(|e| Error::delta(&url, e))?;
         t = nt;

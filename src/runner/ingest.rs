@@ -148,7 +148,8 @@ impl Ingestor {
             },
             other => other,
         })?;
-        let wh = Warehouse::new(Location::open(&cfg.warehouse, &cfg.storage, true)?);
+        let wh = Warehouse::new(Location::open(&cfg.warehouse, &cfg.storage, true)?)
+            .with_tombstone_retention(cfg.maintain.tombstone_retention);
         Ok(Ingestor {
             cfg,
             landing,
@@ -311,7 +312,12 @@ impl Ingestor {
                 false,
             ),
             (quarantine::table_path(source), &[], None, false),
-            (ledger::TABLE.to_string(), own, None, true),
+            (
+                ledger::TABLE.to_string(),
+                own,
+                Some(ledger::writer_properties()),
+                true,
+            ),
             (runlog::TABLE.to_string(), &[], None, true),
         ];
         for (table, only, props, bookkeeping) in tables {
@@ -395,7 +401,7 @@ impl Ingestor {
         let mut new_files: Vec<LandedFile> = Vec::new();
         let mut changed: Vec<PlannedFile> = Vec::new();
         if full {
-            let known = ledger::known_files(&self.wh, source).await?;
+            let known = ledger::known_files(&self.wh, source, &listed).await?;
             for f in listed {
                 match known.get(&f.path) {
                     None => new_files.push(f),

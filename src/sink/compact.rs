@@ -160,8 +160,10 @@ pub async fn open_partitions(
             op = op.with_writer_properties(p.clone());
         }
         let compacting = crate::fault::compacting();
+        let started = std::time::Instant::now();
         let outcome = op.await;
         drop(compacting);
+        crate::sink::timings::record(format!("compact {rel}"), started.elapsed());
         match outcome {
             Ok((t, m)) => {
                 table = t;

@@ -27,12 +27,31 @@ pub const CHECKPOINT_INTERVAL: &str = "10";
 #[derive(Clone, Debug)]
 pub struct Warehouse {
     pub loc: Location,
+    /// `delta.deletedFileRetentionDuration` of the tables it creates.
+    tombstones: std::time::Duration,
 }
+
+/// Default `delta.deletedFileRetentionDuration` of the tables kestrel creates. Delta's
+/// default (a week) keeps every file a compaction or MERGE replaced in every checkpoint
+/// for a week: a table rewritten each batch (the run log, `sku_availability`) carried
+/// ~2,000 such tombstones by midday at Kestrel's scale, and a week's worth is read on
+/// every open and written by every checkpoint. Vacuum does not depend on them (it lists
+/// the table's directory and keeps files for `[maintain] retention`).
+pub const TOMBSTONE_RETENTION: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Warehouse {
     /// Wrap a location.
     pub fn new(loc: Location) -> Self {
-        Warehouse { loc }
+        Warehouse {
+            loc,
+            tombstones: TOMBSTONE_RETENTION,
+        }
+    }
+
+    /// Tables created from now on keep tombstones in their checkpoints this long.
+    pub fn with_tombstone_retention(mut self, d: std::time::Duration) -> Self {
+        self.tombstones = d;
+        self
     }
 
     /// Whether a kept local table was deleted (and maybe created again) since: a table
@@ -163,6 +182,10 @@ impl Warehouse {
             .with_configuration_property(
                 deltalake::TableProperty::CheckpointInterval,
                 Some(CHECKPOINT_INTERVAL),
+            )
+            .with_configuration_property(
+                deltalake::TableProperty::DeletedFileRetentionDuration,
+                Some(format!("interval {} seconds", self.tombstones.as_secs())),
             )
             .with_save_mode(SaveMode::Ignore)
             .await;
@@ -299,6 +322,7 @@ pub async fn append_evolving(
     partitions: &[String],
     app_id: &str,
     version: i64,
+    props: Option<WriterProperties>,
 ) -> Result<DeltaTable> {
     let url = table.table_url().to_string();
     let t = std::time::Instant::now();
@@ -307,6 +331,9 @@ pub async fn append_evolving(
         .with_save_mode(SaveMode::Append)
         .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
         .with_commit_properties(txn_props(app_id, version));
+    if let Some(p) = props {
+        w = w.with_writer_properties(p);
+    }
     if !partitions.is_empty() {
         w = w.with_partition_columns(partitions.iter().cloned());
     }

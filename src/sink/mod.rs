@@ -1,6 +1,7 @@
 //! Writing Delta tables: generic open/create/append/MERGE with application
 //! transactions, the late-data ledger and the quarantine table.
 
+pub mod bloom;
 pub mod compact;
 pub mod delta;
 pub mod late;

@@ -1,5 +1,6 @@
-//! Which of a batch's event ids bronze already holds: the exact dedup probe, reading
-//! only the row groups that can hold one.
+//! Which of a set of values a table's key column already holds, reading only the row
+//! groups that can hold one: the exact dedup probe of bronze (`event_id`), and the
+//! ledger's "seen this path before?" of a full listing (`path`).
 //!
 //! Bronze files carry a bloom filter on `event_id` in every row group (see
 //! [`crate::sink::delta::bronze_writer_properties`]). A probe lists the active files of
@@ -9,7 +10,9 @@
 //! the row groups that said "maybe" — comparing exactly. With random UUIDs the cost is
 //! one filter check per incoming id and row group plus the filters' bytes, instead of
 //! every id of the touched dates; row groups without a filter (files written before
-//! filters existed) are read whole, as before, until compaction rewrites them.
+//! filters existed) are read whole, as before, until compaction rewrites them. The
+//! ledger's files carry a filter on `path` the same way (see
+//! [`crate::ledger::writer_properties`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,6 +34,7 @@ use futures::FutureExt;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
+use crate::sink::bloom;
 
 /// Ids held, with the work it took (for the log).
 #[derive(Debug, Default)]
@@ -44,6 +48,17 @@ pub struct Found {
 
 type Ids<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
 
+/// What to probe: a key column, the partitions to look in and rows to ignore.
+pub struct Probe<'a> {
+    /// The string column compared with the incoming values (a bloom filter on it lets
+    /// row groups be skipped).
+    pub column: &'a str,
+    /// Only files whose partition column has one of these values.
+    pub partition: (&'a str, &'a [String]),
+    /// Rows whose Int64 column equals this value are ignored (a batch's own rows).
+    pub exclude: Option<(&'a str, i64)>,
+}
+
 /// The ids of `incoming` that bronze (`table`) holds in partitions `event_date` ∈
 /// `dates` (`YYYY-MM-DD`), ignoring rows of ingestion batch `exclude_batch`.
 pub async fn existing_ids(
@@ -52,20 +67,42 @@ pub async fn existing_ids(
     exclude_batch: i64,
     incoming: &Ids<'_>,
 ) -> Result<Found> {
+    let probe = Probe {
+        column: "event_id",
+        partition: (crate::schema::EVENT_DATE, dates),
+        exclude: Some((crate::runner::read::BATCH_ID, exclude_batch)),
+    };
+    existing(table, &probe, incoming).await
+}
+
+/// The values of `incoming` that `table` holds in `probe.column`, in the partitions and
+/// outside the rows `probe` names.
+pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>) -> Result<Found> {
     let mut found = Found::default();
     let (Some(lo), Some(hi)) = (incoming.iter().min(), incoming.iter().max()) else {
         return Ok(found);
     };
+    let started = std::time::Instant::now();
+    // Each id hashed once, for every row group's filter; in hash order, which is block
+    // order in every filter (a block is picked by the hash's upper bits), so a check of
+    // all ids walks each filter front to back instead of jumping around it.
+    let mut hashes: Vec<u64> = incoming
+        .iter()
+        .map(|id| bloom::hash(id.as_bytes()))
+        .collect();
+    hashes.sort_unstable();
+    let hashes = &hashes;
     let snap = table
         .snapshot()
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    let (part_col, part_values) = probe.partition;
     let files: Vec<(ObjPath, u64)> = snap
         .log_data()
         .iter()
         .filter(|f| {
             f.partition_values_map()
-                .get(crate::schema::EVENT_DATE)
-                .is_some_and(|v| v.as_ref().is_some_and(|d| dates.contains(d)))
+                .get(part_col)
+                .is_some_and(|v| v.as_ref().is_some_and(|d| part_values.contains(d)))
         })
         .map(|f| (f.object_store_path(), f.size() as u64))
         .collect();
@@ -75,7 +112,7 @@ pub async fn existing_ids(
     let per_file = files.into_iter().map(|(path, size)| {
         let store = store.clone();
         let url = url.clone();
-        async move { probe_file(store, path, size, lo, hi, exclude_batch, incoming, &url).await }
+        async move { probe_file(store, path, size, (lo, hi), hashes, probe, incoming, &url).await }
     });
     let results: Vec<FileFound> = futures::stream::iter(per_file)
         .buffer_unordered(4)
@@ -86,6 +123,10 @@ pub async fn existing_ids(
         found.row_groups_read += r.read;
         found.ids.extend(r.ids);
     }
+    crate::sink::timings::record(
+        format!("probe {}", crate::sink::timings::table_name(&url)),
+        started.elapsed(),
+    );
     Ok(found)
 }
 
@@ -100,13 +141,13 @@ async fn probe_file(
     store: Arc<dyn ObjectStore>,
     path: ObjPath,
     size: u64,
-    lo: &str,
-    hi: &str,
-    exclude_batch: i64,
+    (lo, hi): (&str, &str),
+    hashes: &[u64],
+    probe: &Probe<'_>,
     incoming: &Ids<'_>,
     url: &str,
 ) -> Result<FileFound> {
-    let what = || format!("dedup probe of {url}{path}");
+    let what = || format!("probe of {url}{path} by {}", probe.column);
     let reader = Reader {
         store,
         path: path.clone(),
@@ -118,13 +159,15 @@ async fn probe_file(
     let meta = builder.metadata().clone();
     let schema = meta.file_metadata().schema_descr();
     let column = |name: &str| (0..schema.num_columns()).find(|i| schema.column(*i).name() == name);
-    let (Some(id_col), Some(batch_col)) =
-        (column("event_id"), column(crate::runner::read::BATCH_ID))
-    else {
-        return Err(Error::Other(format!(
-            "{}: file lacks event_id or _batch_id",
-            what()
-        )));
+    let id_col = column(probe.column)
+        .ok_or_else(|| Error::Other(format!("{}: file lacks {}", what(), probe.column)))?;
+    let exclude = match probe.exclude {
+        Some((name, value)) => Some((
+            column(name).ok_or_else(|| Error::Other(format!("{}: file lacks {name}", what())))?,
+            name,
+            value,
+        )),
+        None => None,
     };
     let mut read = Vec::new();
     for rg in 0..meta.num_row_groups() {
@@ -143,7 +186,10 @@ async fn probe_file(
             .await
             .map_err(|e| Error::Other(format!("{}: {e}", what())))?
         {
-            Some(bloom) => incoming.iter().any(|id| bloom.check(*id)),
+            Some(sbbf) => {
+                let filter = bloom::Filter::from_sbbf(&sbbf)?;
+                hashes.iter().any(|h| filter.check(*h))
+            }
             None => true,
         };
         if maybe {
@@ -158,7 +204,10 @@ async fn probe_file(
     if read.is_empty() {
         return Ok(out);
     }
-    let mask = ProjectionMask::leaves(schema, [id_col, batch_col]);
+    let leaves: Vec<usize> = std::iter::once(id_col)
+        .chain(exclude.map(|(c, _, _)| c))
+        .collect();
+    let mask = ProjectionMask::leaves(schema, leaves);
     let mut stream = builder
         .with_row_groups(read)
         .with_projection(mask)
@@ -167,22 +216,28 @@ async fn probe_file(
     while let Some(b) = stream.next().await {
         let b = b.map_err(|e| Error::Other(format!("{}: {e}", what())))?;
         let ids = arrow::compute::cast(
-            b.column_by_name("event_id")
-                .ok_or_else(|| Error::Other(format!("{}: no event_id", what())))?,
+            b.column_by_name(probe.column)
+                .ok_or_else(|| Error::Other(format!("{}: no {}", what(), probe.column)))?,
             &arrow::datatypes::DataType::Utf8,
         )?;
         let ids = ids.as_string::<i32>();
-        let batches = arrow::compute::cast(
-            b.column_by_name(crate::runner::read::BATCH_ID)
-                .ok_or_else(|| Error::Other(format!("{}: no _batch_id", what())))?,
-            &arrow::datatypes::DataType::Int64,
-        )?;
-        let batches = batches.as_primitive::<Int64Type>();
+        let skip = match exclude {
+            Some((_, name, value)) => {
+                let c = arrow::compute::cast(
+                    b.column_by_name(name)
+                        .ok_or_else(|| Error::Other(format!("{}: no {name}", what())))?,
+                    &arrow::datatypes::DataType::Int64,
+                )?;
+                Some((c, value))
+            }
+            None => None,
+        };
+        let skip = skip
+            .as_ref()
+            .map(|(c, value)| (c.as_primitive::<Int64Type>(), *value));
         for i in 0..b.num_rows() {
-            if ids.is_valid(i)
-                && (batches.is_null(i) || batches.value(i) != exclude_batch)
-                && incoming.contains(ids.value(i))
-            {
+            let excluded = skip.is_some_and(|(c, v)| c.is_valid(i) && c.value(i) == v);
+            if ids.is_valid(i) && !excluded && incoming.contains(ids.value(i)) {
                 out.ids.push(ids.value(i).to_string());
             }
         }
