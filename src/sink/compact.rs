@@ -5,9 +5,9 @@
 //! maintenance compacts closed days; within the day the files would pile up — 288 a day
 //! per table and source — and everything that reads the open day (dedup, recomputes,
 //! state reads, Delta log replay and checkpoints) would pay for each of them. So after a
-//! writer's batches, any partition holding at least `min_files` files smaller than the
-//! target is compacted (bin-packed, in log order, so `_batch_id` ranges stay contiguous
-//! and incremental reads keep pruning).
+//! writer's batches, any partition holding at least `min_files` files smaller than an
+//! eighth of the target is compacted (bin-packed, in log order, so `_batch_id` ranges
+//! stay contiguous and incremental reads keep pruning).
 //!
 //! Compaction commits change no data (`dataChange = false`): readers selecting rows by
 //! ingestion batch see the same rows. A compaction that loses a race with another
@@ -52,8 +52,15 @@ pub struct Compacted {
     pub files_added: u64,
 }
 
-/// Partitions (as `column → value` lists) holding at least `min_files` small files, among
-/// those matching every `(column, value)` of `only`.
+/// A file counts towards a compaction when it is smaller than the target divided by
+/// this. Compaction outputs fall short of the target (a bin holds whole files up to it),
+/// and counting them as small re-triggered a compaction after every batch late in the
+/// day, each rewriting a near-full file to add one batch's file to it (600 ms a batch at
+/// Kestrel's scale by the evening). A batch's own appends are far below an eighth.
+const SMALL_FRACTION: u64 = 8;
+
+/// Partitions (as `column → value` lists) holding at least `min_files` small files (see
+/// [`SMALL_FRACTION`]), among those matching every `(column, value)` of `only`.
 fn crowded(
     table: &DeltaTable,
     opts: &OpenCompaction,
@@ -64,7 +71,7 @@ fn crowded(
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
     let mut count: BTreeMap<Vec<(String, String)>, usize> = BTreeMap::new();
     for f in snap.log_data().iter() {
-        if f.size() as u64 >= opts.target_size {
+        if f.size() as u64 >= opts.target_size / SMALL_FRACTION {
             continue;
         }
         let mut parts: Vec<(String, String)> = Vec::new();

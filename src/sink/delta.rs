@@ -229,7 +229,7 @@ pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
 /// Commit properties of every kestrel commit: no expired-log cleanup after the commit.
 /// delta-rs would otherwise list the whole `_delta_log` after every commit (its cost
 /// grows with every commit the log still holds: ~10 µs each, 0.1 s at 10,000); the
-/// maintenance slot cleans the logs instead ([`cleanup_logs`]).
+/// maintenance slot cleans the logs instead ([`crate::sink::compact::cleanup_log`]).
 pub fn commit_props() -> CommitProperties {
     CommitProperties::default().with_cleanup_expired_logs(Some(false))
 }
@@ -546,4 +546,72 @@ pub struct MergeCounts {
     pub inserted: i64,
     pub deleted: i64,
     pub files_scanned: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    /// Removes in the newest checkpoint of a table after 12 appends, a compaction of
+    /// them and 7 more appends.
+    async fn tombstones_kept(retention: std::time::Duration) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        )
+        .with_tombstone_retention(retention);
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let mut table = wh.open_or_create("t", &schema, &[]).await.unwrap();
+        let batch = |v: i64| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
+        };
+        for v in 1..=12 {
+            table = append(table, vec![batch(v)], &[], "app", v).await.unwrap();
+        }
+        let (t, m) = table.optimize().await.unwrap();
+        assert_eq!(m.num_files_removed, 12);
+        table = t;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        for v in 13..=19 {
+            table = append(table, vec![batch(v)], &[], "app", v).await.unwrap();
+        }
+        assert_eq!(table.version(), Some(20));
+        let log = dir.path().join("t/_delta_log");
+        let mut ckpts: Vec<String> = std::fs::read_dir(&log)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".checkpoint") && n.ends_with(".parquet"))
+            .collect();
+        ckpts.sort();
+        let newest = ckpts.last().expect("a checkpoint");
+        // delta-rs checkpoints every tenth version (9, 19): the newest follows the
+        // compaction (version 13).
+        assert!(newest.starts_with("00000000000000000019."), "{ckpts:?}");
+        let file = std::fs::File::open(log.join(newest)).unwrap();
+        let reader =
+            deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap()
+                .build()
+                .unwrap();
+        let mut removes = 0;
+        for b in reader {
+            let b = b.unwrap();
+            if let Some(r) = b.column_by_name("remove") {
+                removes += r.len() - r.null_count();
+            }
+        }
+        removes
+    }
+
+    #[tokio::test]
+    async fn checkpoints_keep_tombstones_for_the_configured_retention_only() {
+        assert_eq!(
+            tombstones_kept(std::time::Duration::from_secs(3600)).await,
+            12
+        );
+        assert_eq!(tombstones_kept(std::time::Duration::ZERO).await, 0);
+    }
 }
