@@ -149,7 +149,7 @@ async fn probe_file(
 ) -> Result<FileFound> {
     let what = || format!("probe of {url}{path} by {}", probe.column);
     let reader = Reader {
-        store,
+        store: store.clone(),
         path: path.clone(),
         size,
     };
@@ -181,15 +181,29 @@ async fn probe_file(
                 continue;
             }
         }
-        let maybe = match builder
-            .get_row_group_column_bloom_filter(rg, id_col)
-            .await
-            .map_err(|e| Error::Other(format!("{}: {e}", what())))?
-        {
-            Some(sbbf) => {
-                let filter = bloom::Filter::from_sbbf(&sbbf)?;
-                hashes.iter().any(|h| filter.check(*h))
-            }
+        // The filter's bytes, read once and checked where they lie; the Parquet reader's
+        // own path (which copies the bitset twice more) only for an unusual header.
+        let mut filter = None;
+        if let (Some(off), Some(len)) = (chunk.bloom_filter_offset(), chunk.bloom_filter_length()) {
+            let (off, len) = (off as u64, len as u64);
+            let raw = store
+                .get_range(&path, off..off + len)
+                .await
+                .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+            filter = bloom::Filter::from_column_chunk(raw);
+        }
+        if filter.is_none() {
+            filter = match builder
+                .get_row_group_column_bloom_filter(rg, id_col)
+                .await
+                .map_err(|e| Error::Other(format!("{}: {e}", what())))?
+            {
+                Some(sbbf) => Some(bloom::Filter::from_sbbf(&sbbf)?),
+                None => None,
+            };
+        }
+        let maybe = match filter {
+            Some(f) => hashes.iter().any(|h| f.check(*h)),
             None => true,
         };
         if maybe {
