@@ -16,7 +16,7 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{col, lit, SessionContext};
 
 use super::batch::{micros, now_us, take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
@@ -136,7 +136,7 @@ impl JobRunner {
         };
         let (out, schema) = match mode {
             PaymentMode::Fast => {
-                let existing = self.existing_keys(spec, &touches, &days).await?;
+                let existing = self.existing_keys(spec, &touches, &days, &hours).await?;
                 (
                     pay::fast_rows(&facts, params, stamp, &existing)?,
                     pay::fast_schema(),
@@ -208,12 +208,15 @@ impl JobRunner {
         ))
     }
 
-    /// The touched order_ids that have a gold row in the partitions of `days`.
+    /// The touched order_ids that have a gold row in the partitions of `days` and
+    /// `hours` — those the batch's MERGE names (a gold table without the hour column:
+    /// every hour of those days).
     async fn existing_keys(
         &self,
         spec: &JobSpec,
         touches: &Touches,
         days: &[i32],
+        hours: &[i32],
     ) -> Result<HashSet<String>> {
         let Some(gold) = self.wh.open(&spec.table).await? else {
             return Ok(HashSet::new());
@@ -227,10 +230,15 @@ impl JobRunner {
             DataType::Utf8,
             false,
         )]));
+        let mut partitions = read::dates_in(pay::ORDER_DATE, days);
+        if super::batch::table_columns(&gold)?.contains(pay::ORDER_HOUR) {
+            let hours = hours.iter().map(|h| lit(ScalarValue::Int32(Some(*h))));
+            partitions = partitions.and(col(pay::ORDER_HOUR).in_list(hours.collect(), false));
+        }
         let found = read::read_keys(
             &ctx,
             "gold",
-            read::dates_in(pay::ORDER_DATE, days),
+            partitions,
             pay::ORDER_ID,
             &touches.keys_batch()?,
             &target,
