@@ -19,8 +19,15 @@
 //! 5. `dedup-memory` (only when asked): the stream's dedup set holding 24 h at 200
 //!    events/s (17.28M ids): bytes per id, and its checkpoint's duration and size.
 //!
+//! 6. `age [small|scale] [RUNS]` (only when asked): the per-run cost curve of
+//!    consecutive five-minute micro-batches through all seven jobs over simulated days
+//!    (see `jobs/age.rs`).
+//!
 //! Pick one with `history`, `throughput` (or an event count), `payments`, `stream` or
 //! `dedup-memory`; none: the first three.
+
+#[path = "jobs/age.rs"]
+mod age;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -642,6 +649,25 @@ fn main() {
             .await
             .unwrap();
         let spec = jobs["revenue_5m"].clone();
+        if args.first().is_some_and(|a| a == "age") {
+            let size = if args.iter().any(|a| a == "scale") {
+                age::Size::Scale
+            } else {
+                age::Size::Small
+            };
+            if args.iter().any(|a| a == "logcost") {
+                age::log_cost(tmp.path()).await;
+                return;
+            }
+            let runs = args.iter().find_map(|a| a.parse::<usize>().ok());
+            age::age(tmp.path(), &schemas, &jobs, size, runs).await;
+            if std::env::var("KESTREL_AGE_KEEP").is_ok() {
+                // Left for a look (or a `kestrel run` of the real binary) afterwards.
+                let kept = tmp.keep();
+                println!("  warehouse and landing kept in {}", kept.display());
+            }
+            return;
+        }
         let only = |mode: &str| args.is_empty() || args.iter().any(|a| a == mode);
         if only("history") {
             history(tmp.path(), &schemas, &spec).await;
