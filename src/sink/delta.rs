@@ -291,27 +291,8 @@ pub async fn append_with(
     version: i64,
     props: Option<WriterProperties>,
 ) -> Result<DeltaTable> {
-    let url = table.table_url().to_string();
-    let mut w = table
-        .write(batches)
-        .with_save_mode(SaveMode::Append)
-        .with_commit_properties(txn_props(app_id, version));
-    if let Some(p) = props {
-        w = w.with_writer_properties(p);
-    }
-    if !partitions.is_empty() {
-        w = w.with_partition_columns(partitions.iter().map(|s| s.to_string()));
-    }
-    let t = std::time::Instant::now();
-    let r = w.await.map_err(|e| Error::delta(&url, e));
-    super::timings::record(
-        format!("append {}", super::timings::table_name(&url)),
-        t.elapsed(),
-    );
-    if let Ok(t) = &r {
-        super::tables::keep(t);
-    }
-    r
+    let partitions: Vec<String> = partitions.iter().map(|s| s.to_string()).collect();
+    write_append(table, batches, &partitions, app_id, version, props, false).await
 }
 
 /// Append in one commit carrying `(app_id, version)`, adding any columns the table lacks
@@ -324,19 +305,35 @@ pub async fn append_evolving(
     version: i64,
     props: Option<WriterProperties>,
 ) -> Result<DeltaTable> {
+    write_append(table, batches, partitions, app_id, version, props, true).await
+}
+
+/// The one append path: a commit carrying `(app_id, version)`, timed, and the table
+/// kept open afterwards; `evolve` merges new columns into the table's schema.
+async fn write_append(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    partitions: &[String],
+    app_id: &str,
+    version: i64,
+    props: Option<WriterProperties>,
+    evolve: bool,
+) -> Result<DeltaTable> {
     let url = table.table_url().to_string();
-    let t = std::time::Instant::now();
     let mut w = table
         .write(batches)
         .with_save_mode(SaveMode::Append)
-        .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
         .with_commit_properties(txn_props(app_id, version));
+    if evolve {
+        w = w.with_schema_mode(deltalake::operations::write::SchemaMode::Merge);
+    }
     if let Some(p) = props {
         w = w.with_writer_properties(p);
     }
     if !partitions.is_empty() {
         w = w.with_partition_columns(partitions.iter().cloned());
     }
+    let t = std::time::Instant::now();
     let r = w.await.map_err(|e| Error::delta(&url, e));
     super::timings::record(
         format!("append {}", super::timings::table_name(&url)),
