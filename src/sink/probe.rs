@@ -91,6 +91,7 @@ pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>)
         .map(|id| bloom::hash(id.as_bytes()))
         .collect();
     hashes.sort_unstable();
+    let hashes: Arc<Vec<u64>> = Arc::new(hashes);
     let hashes = &hashes;
     let snap = table
         .snapshot()
@@ -112,6 +113,7 @@ pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>)
     let per_file = files.into_iter().map(|(path, size)| {
         let store = store.clone();
         let url = url.clone();
+        let hashes = hashes.clone();
         async move { probe_file(store, path, size, (lo, hi), hashes, probe, incoming, &url).await }
     });
     let results: Vec<FileFound> = futures::stream::iter(per_file)
@@ -142,7 +144,7 @@ async fn probe_file(
     path: ObjPath,
     size: u64,
     (lo, hi): (&str, &str),
-    hashes: &[u64],
+    hashes: Arc<Vec<u64>>,
     probe: &Probe<'_>,
     incoming: &Ids<'_>,
     url: &str,
@@ -169,7 +171,7 @@ async fn probe_file(
         )),
         None => None,
     };
-    let mut read = Vec::new();
+    let mut candidates: Vec<(usize, Option<bloom::Filter>)> = Vec::new();
     for rg in 0..meta.num_row_groups() {
         let chunk = meta.row_group(rg).column(id_col);
         if let Some(Statistics::ByteArray(s)) = chunk.statistics() {
@@ -202,14 +204,22 @@ async fn probe_file(
                 None => None,
             };
         }
-        let maybe = match filter {
-            Some(f) => hashes.iter().any(|h| f.check(*h)),
-            None => true,
-        };
-        if maybe {
-            read.push(rg);
-        }
+        candidates.push((rg, filter));
     }
+    // Checking every id against every filter is the probe's CPU work (K ids × R row
+    // groups): off the async thread, so the files of a probe check in parallel.
+    let read: Vec<usize> = tokio::task::spawn_blocking(move || {
+        candidates
+            .into_iter()
+            .filter(|(_, f)| {
+                f.as_ref()
+                    .is_none_or(|f| hashes.iter().any(|h| f.check(*h)))
+            })
+            .map(|(rg, _)| rg)
+            .collect()
+    })
+    .await
+    .map_err(|e| Error::Other(format!("{}: filter check: {e}", what())))?;
     let mut out = FileFound {
         ids: Vec::new(),
         row_groups: meta.num_row_groups(),
