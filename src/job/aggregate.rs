@@ -341,50 +341,131 @@ pub struct GoldSession {
     pub is_final: bool,
 }
 
-/// Which event-time span to recompute per key for session windows, and which existing
-/// sessions that span replaces.
-#[derive(Debug, Default)]
+/// Which event-time spans to recompute per key for session windows, and which existing
+/// sessions they replace.
+///
+/// A key's spans are disjoint, ascending and at least `gap` apart, so no session can
+/// cross from one to the next: a touched user with one event hours late and one just now
+/// has two short spans, not one that covers the hours between (whose sessions the batch
+/// does not change, and would otherwise read from gold and bronze and rewrite).
+#[derive(Debug)]
 pub struct SessionScope {
-    /// Per key: `[lo, hi]` (inclusive) bounded by true session boundaries.
-    pub spans: FastMap<KeyId, (Micros, Micros)>,
+    gap: Micros,
+    /// Per key: `[lo, hi]` (inclusive) spans, bounded by true session boundaries once
+    /// [`SessionScope::widen`]ed.
+    pub spans: FastMap<KeyId, Vec<(Micros, Micros)>>,
     /// Existing sessions inside the spans (replaced: updated, or deleted if gone).
     pub replaced: Vec<GoldSession>,
     /// Keys touched by an applied new row (to count corrections).
     applied: FastMap<KeyId, Vec<Micros>>,
 }
 
+/// Gold lookups name at most this many event-time ranges (closer ones are read as one):
+/// a filter term per range costs every row the read decodes.
+pub const MAX_LOOKUP_RANGES: usize = 64;
+
+/// Sort `spans` and merge those less than `gap` apart (events that close share a
+/// session).
+fn merge_spans(spans: &mut Vec<(Micros, Micros)>, gap: Micros) {
+    spans.sort_unstable();
+    let mut out: Vec<(Micros, Micros)> = Vec::with_capacity(spans.len());
+    for &(lo, hi) in spans.iter() {
+        match out.last_mut() {
+            Some(last) if lo - last.1 < gap => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    *spans = out;
+}
+
+/// Merge sorted, disjoint `ranges` across their smallest gaps until at most `max` are
+/// left (the result covers every input range).
+pub fn coalesce_ranges(ranges: Vec<(Micros, Micros)>, max: usize) -> Vec<(Micros, Micros)> {
+    let max = max.max(1);
+    if ranges.len() <= max {
+        return ranges;
+    }
+    let mut gaps: Vec<(Micros, usize)> = ranges
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (w[1].0 - w[0].1, i))
+        .collect();
+    gaps.sort_unstable();
+    // Join range i with i + 1 for the smallest len − max gaps.
+    let mut join = vec![false; ranges.len()];
+    for &(_, i) in gaps.iter().take(ranges.len() - max) {
+        join[i] = true;
+    }
+    let mut out: Vec<(Micros, Micros)> = Vec::with_capacity(max);
+    let mut open = false;
+    for (i, r) in ranges.into_iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if open => last.1 = last.1.max(r.1),
+            _ => out.push(r),
+        }
+        open = join[i];
+    }
+    out
+}
+
 impl SessionScope {
+    /// An empty scope for sessions that end at a gap of `gap`.
+    pub fn new(gap: Micros) -> Self {
+        SessionScope {
+            gap,
+            spans: FastMap::default(),
+            replaced: Vec::new(),
+            applied: FastMap::default(),
+        }
+    }
+
     /// Add touch events (keys and event times of `rows`); `applied` marks the batch's
     /// applied new rows (as opposed to rows touched only to finalise their session).
     pub fn touch(&mut self, enc: &mut KeyEncoder, rows: &RecordBatch, applied: bool) -> Result<()> {
         let keys = enc.encode(rows)?;
         let ts = event_ts(rows)?;
+        let mut touched: Vec<KeyId> = Vec::new();
         for (i, key) in keys.into_iter().enumerate() {
             if ts.is_null(i) {
                 continue;
             }
             let t = ts.value(i);
-            let span = self.spans.entry(key).or_insert((t, t));
-            span.0 = span.0.min(t);
-            span.1 = span.1.max(t);
+            self.spans.entry(key).or_default().push((t, t));
+            touched.push(key);
             if applied {
                 self.applied.entry(key).or_default().push(t);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for key in touched {
+            if let Some(spans) = self.spans.get_mut(&key) {
+                merge_spans(spans, self.gap);
             }
         }
         Ok(())
     }
 
-    /// Event-time range to look for existing sessions in: `[min lo − gap, max hi + gap]`.
-    pub fn lookup_range(&self, gap: Micros) -> Option<(Micros, Micros)> {
-        let lo = self.spans.values().map(|s| s.0).min()?;
-        let hi = self.spans.values().map(|s| s.1).max()?;
-        Some((lo - gap, hi + gap))
+    /// Event-time ranges `[lo, hi]` to look for existing sessions in: every span widened
+    /// by `gap`, merged, at most [`MAX_LOOKUP_RANGES`] of them. Empty: nothing touched.
+    pub fn lookup_ranges(&self) -> Vec<(Micros, Micros)> {
+        let gap = self.gap;
+        let r = merge_ranges(
+            self.spans
+                .values()
+                .flatten()
+                .map(|&(lo, hi)| (lo - gap, hi + gap))
+                .collect(),
+        );
+        coalesce_ranges(r, MAX_LOOKUP_RANGES)
     }
 
-    /// Widen each key's span to the existing sessions within `gap` of it, so the span
-    /// starts and ends at true session boundaries. `existing` are the gold sessions of the
-    /// looked-up range (any keys).
-    pub fn widen(&mut self, existing: Vec<GoldSession>, gap: Micros) {
+    /// Widen each key's spans to the existing sessions within `gap` of them, so every
+    /// span starts and ends at true session boundaries; spans a session links (or that
+    /// come within `gap` of each other) become one. `existing` are the gold sessions of
+    /// the looked-up ranges (any keys).
+    pub fn widen(&mut self, existing: Vec<GoldSession>) {
+        let gap = self.gap;
         let mut by_key: FastMap<KeyId, Vec<GoldSession>> = FastMap::default();
         for s in existing {
             if self.spans.contains_key(&s.key) {
@@ -393,16 +474,22 @@ impl SessionScope {
         }
         for (key, mut sessions) in by_key {
             sessions.sort_by_key(|s| s.start);
-            let Some(span) = self.spans.get_mut(&key) else {
+            let Some(spans) = self.spans.get_mut(&key) else {
                 continue;
             };
-            // Grow until no existing session within `gap` of the span is left out: a
+            // Grow until no existing session within `gap` of a span is left out: a
             // session chain may link several existing sessions through new events.
             let mut taken = vec![false; sessions.len()];
             loop {
                 let mut grew = false;
                 for (i, s) in sessions.iter().enumerate() {
-                    if !taken[i] && s.end > span.0 - gap && s.start < span.1 + gap {
+                    if taken[i] {
+                        continue;
+                    }
+                    if let Some(span) = spans
+                        .iter_mut()
+                        .find(|span| s.end > span.0 - gap && s.start < span.1 + gap)
+                    {
                         taken[i] = true;
                         span.0 = span.0.min(s.start);
                         span.1 = span.1.max(s.end);
@@ -412,6 +499,7 @@ impl SessionScope {
                 if !grew {
                     break;
                 }
+                merge_spans(spans, gap);
             }
             for (i, s) in sessions.into_iter().enumerate() {
                 if taken[i] {
@@ -421,9 +509,23 @@ impl SessionScope {
         }
     }
 
+    /// Whether event time `t` of `key` lies in one of its spans.
+    fn covers(&self, key: &KeyId, t: Micros) -> bool {
+        self.spans.get(key).is_some_and(|spans| {
+            let i = spans.partition_point(|s| s.1 < t);
+            spans.get(i).is_some_and(|s| s.0 <= t)
+        })
+    }
+
     /// Event-time ranges `[lo, hi)` to read from bronze, merged.
     pub fn ranges(&self) -> Vec<(Micros, Micros)> {
-        merge_ranges(self.spans.values().map(|&(lo, hi)| (lo, hi + 1)).collect())
+        merge_ranges(
+            self.spans
+                .values()
+                .flatten()
+                .map(|&(lo, hi)| (lo, hi + 1))
+                .collect(),
+        )
     }
 
     /// Number of new sessions that hold an applied new row and replace a session that
@@ -462,10 +564,8 @@ pub fn assign_sessions(
             continue;
         }
         let t = ts.value(i);
-        if let Some(&(lo, hi)) = scope.spans.get(&key) {
-            if t >= lo && t <= hi {
-                per_key.entry(key).or_default().push((t, i as u32));
-            }
+        if scope.covers(&key, t) {
+            per_key.entry(key).or_default().push((t, i as u32));
         }
     }
     let mut idx: Vec<u32> = Vec::new();
@@ -838,42 +938,39 @@ mod tests {
         let mut enc = KeyEncoder::new(&rows(&[]).schema(), &keys()).unwrap();
         let mut key = |s: &str| enc.encode(&rows(&[(s, 0)])).unwrap().remove(0);
         let (u, v) = (key("u"), key("v"));
-        let mut scope = SessionScope::default();
+        let mut scope = SessionScope::new(gap);
         // the late event at 25 min links [0,10] and [40,50]
         scope
             .touch(&mut enc, &rows(&[("u", 25 * M)]), true)
             .unwrap();
-        assert_eq!(scope.lookup_range(gap), Some((-5 * M, 55 * M)));
-        scope.widen(
-            vec![
-                GoldSession {
-                    key: u,
-                    start: 0,
-                    end: 10 * M,
-                    is_final: true,
-                },
-                GoldSession {
-                    key: u,
-                    start: 40 * M,
-                    end: 50 * M,
-                    is_final: true,
-                },
-                GoldSession {
-                    key: u,
-                    start: 200 * M,
-                    end: 210 * M,
-                    is_final: false,
-                },
-                GoldSession {
-                    key: v,
-                    start: 0,
-                    end: 10 * M,
-                    is_final: true,
-                },
-            ],
-            gap,
-        );
-        assert_eq!(scope.spans[&u], (0, 50 * M));
+        assert_eq!(scope.lookup_ranges(), vec![(-5 * M, 55 * M)]);
+        scope.widen(vec![
+            GoldSession {
+                key: u,
+                start: 0,
+                end: 10 * M,
+                is_final: true,
+            },
+            GoldSession {
+                key: u,
+                start: 40 * M,
+                end: 50 * M,
+                is_final: true,
+            },
+            GoldSession {
+                key: u,
+                start: 200 * M,
+                end: 210 * M,
+                is_final: false,
+            },
+            GoldSession {
+                key: v,
+                start: 0,
+                end: 10 * M,
+                is_final: true,
+            },
+        ]);
+        assert_eq!(scope.spans[&u], vec![(0, 50 * M)]);
         assert_eq!(scope.replaced.len(), 2);
         let bronze = rows(&[
             ("u", 0),
@@ -888,6 +985,92 @@ mod tests {
         assert_eq!(assigned.num_rows(), 5);
         assert_eq!(sessions, vec![(u, 0, 50 * M)]);
         assert_eq!(scope.corrections(&sessions), 1);
+    }
+
+    /// A key with an event hours late and one just now gets two spans: the sessions in
+    /// between are neither looked up, replaced nor recomputed — unless a session links
+    /// the spans, which then become one.
+    #[test]
+    fn distant_events_of_a_key_scope_two_spans() {
+        let gap = 30 * M;
+        let mut enc = KeyEncoder::new(&rows(&[]).schema(), &keys()).unwrap();
+        let mut key = |s: &str| enc.encode(&rows(&[(s, 0)])).unwrap().remove(0);
+        let (u, v) = (key("u"), key("v"));
+        let mut scope = SessionScope::new(gap);
+        scope
+            .touch(
+                &mut enc,
+                &rows(&[("u", 300 * M), ("u", 10 * M), ("u", 20 * M), ("v", 290 * M)]),
+                true,
+            )
+            .unwrap();
+        assert_eq!(scope.spans[&u], vec![(10 * M, 20 * M), (300 * M, 300 * M)]);
+        assert_eq!(
+            scope.lookup_ranges(),
+            vec![(-20 * M, 50 * M), (260 * M, 330 * M)]
+        );
+        let session = |key, start, end| GoldSession {
+            key,
+            start,
+            end,
+            is_final: false,
+        };
+        scope.widen(vec![
+            session(u, 0, 5 * M),         // within gap of 10: taken
+            session(u, 100 * M, 150 * M), // between the spans: untouched
+            session(u, 310 * M, 320 * M), // within gap of 300: taken
+            session(v, 250 * M, 280 * M), // v's: taken for v
+        ]);
+        assert_eq!(scope.spans[&u], vec![(0, 20 * M), (300 * M, 320 * M)]);
+        assert_eq!(scope.spans[&v], vec![(250 * M, 290 * M)]);
+        assert_eq!(scope.replaced.len(), 3);
+        assert_eq!(
+            scope.ranges(),
+            vec![
+                (0, 20 * M + 1),
+                (250 * M, 290 * M + 1),
+                (300 * M, 320 * M + 1)
+            ]
+        );
+        let bronze = rows(&[
+            ("u", 0),
+            ("u", 5 * M),
+            ("u", 10 * M),
+            ("u", 20 * M),
+            ("u", 100 * M),
+            ("u", 150 * M),
+            ("u", 300 * M),
+            ("u", 310 * M),
+            ("u", 320 * M),
+        ]);
+        let (assigned, mut sessions) = assign_sessions(&mut enc, &bronze, &scope, gap).unwrap();
+        sessions.sort();
+        assert_eq!(
+            assigned.num_rows(),
+            7,
+            "the 100–150 session is not recomputed"
+        );
+        assert_eq!(sessions, vec![(u, 0, 20 * M), (u, 300 * M, 320 * M)]);
+
+        // A session reaching from one span to within gap of the next links them.
+        let mut scope = SessionScope::new(gap);
+        scope
+            .touch(&mut enc, &rows(&[("u", 10 * M), ("u", 100 * M)]), true)
+            .unwrap();
+        assert_eq!(scope.spans[&u].len(), 2);
+        scope.widen(vec![session(u, 30 * M, 80 * M)]);
+        assert_eq!(scope.spans[&u], vec![(10 * M, 100 * M)]);
+    }
+
+    #[test]
+    fn lookup_ranges_coalesce_across_the_smallest_gaps() {
+        let r = vec![(0, 1), (10, 11), (12, 13), (30, 31), (33, 34)];
+        assert_eq!(coalesce_ranges(r.clone(), 5), r);
+        assert_eq!(
+            coalesce_ranges(r.clone(), 3),
+            vec![(0, 1), (10, 13), (30, 34)]
+        );
+        assert_eq!(coalesce_ranges(r, 1), vec![(0, 34)]);
     }
 
     #[test]
