@@ -299,6 +299,7 @@ async fn table(
             .map(|(c, v)| (c.as_str(), FilterOp::Lt, FilterValue::Scalar(v.as_str())))
             .collect();
         let target = NonZeroU64::new(opts.config.target_file_size).unwrap_or(NonZeroU64::MIN);
+        let columns = crate::sink::delta::table_columns(&t)?;
         let mut op = t
             .optimize()
             .with_filters(&literals)
@@ -306,7 +307,9 @@ async fn table(
             .with_max_concurrent_tasks(2);
         if rel.starts_with("bronze/") {
             // Compacted bronze keeps the event-id bloom filters dedup relies on.
-            op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties());
+            op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties(
+                columns.iter().map(String::as_str),
+            ));
         } else if rel == crate::ledger::TABLE {
             // …and the ledger its path filters (full listings probe them).
             op = op.with_writer_properties(crate::ledger::writer_properties());

@@ -414,7 +414,7 @@ impl JobRunner {
                 let mut read_to = hi + gap;
                 loop {
                     let rows = read_range(lo - gap, read_to).await?;
-                    let mut scope = SessionScope::default();
+                    let mut scope = SessionScope::new(gap);
                     scope.touch(&mut enc, &rows, false)?;
                     let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
                     let open = sessions
@@ -729,7 +729,7 @@ impl JobRunner {
         let current = self.wh.open(&spec.table).await?;
         let (gold_schema, new) = match &current {
             Some(t) => {
-                let has = super::batch::table_columns(t)?;
+                let has = delta::table_columns(t)?;
                 let keep: Vec<usize> = (0..gold_schema.fields().len())
                     .filter(|i| has.contains(gold_schema.field(*i).name()))
                     .collect();

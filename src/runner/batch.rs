@@ -162,18 +162,6 @@ pub(super) struct GoldRows {
     pub(super) append_only: bool,
 }
 
-/// Names of `table`'s columns.
-pub(super) fn table_columns(table: &DeltaTable) -> Result<HashSet<String>> {
-    let snap = table
-        .snapshot()
-        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
-    Ok(snap
-        .schema()
-        .fields()
-        .map(|f| f.name().to_string())
-        .collect())
-}
-
 /// The partitions a MERGE of `out` reads: per partition column, the values its rows go
 /// to and the extra ones (a literal `IN` list each, so pruning needs no statistics).
 pub(super) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<ScalarValue>)>> {
@@ -600,7 +588,7 @@ impl JobRunner {
             .wh
             .open_or_create(&out.table, &out.schema, &out.partitions)
             .await?;
-        let has = table_columns(&table)?;
+        let has = delta::table_columns(&table)?;
         if out.schema.fields().iter().all(|f| has.contains(f.name())) {
             return Ok((table, out));
         }
@@ -725,7 +713,7 @@ impl JobRunner {
         let (gold, windows, deleted, corrections) = match window {
             WindowSpec::Session { gap } => {
                 let gap = *gap;
-                let mut scope = SessionScope::default();
+                let mut scope = SessionScope::new(gap);
                 scope.touch(&mut enc, &applied, true)?;
                 if let Some((b, a)) = advanced {
                     // Sessions whose end + gap the watermark passed now turn final.
@@ -744,11 +732,12 @@ impl JobRunner {
                     .await?;
                     scope.touch(&mut enc, &rows, false)?;
                 }
-                if let Some((lo, hi)) = scope.lookup_range(gap) {
+                let lookup = scope.lookup_ranges();
+                if !lookup.is_empty() {
                     let existing = self
-                        .gold_sessions(spec, &mut enc, keys, (lo, hi), lookback)
+                        .gold_sessions(spec, &mut enc, keys, &lookup, lookback)
                         .await?;
-                    scope.widen(existing, gap);
+                    scope.widen(existing);
                 }
                 let ranges = scope.ranges();
                 let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
@@ -849,26 +838,38 @@ impl JobRunner {
         ))
     }
 
-    /// Existing gold sessions ending at or after `lo` and starting at or before `hi`,
-    /// looked up in the window dates from `lo − lookback` (sessions are assumed shorter
-    /// than the lookback) to `hi`.
+    /// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
+    /// after its `lo`, starting at or before its `hi`), looked up in the window dates from
+    /// the first `lo − lookback` (sessions are assumed shorter than the lookback) to the
+    /// last `hi`.
     async fn gold_sessions(
         &self,
         spec: &JobSpec,
         enc: &mut KeyEncoder,
         keys: &[String],
-        (lo, hi): (Micros, Micros),
+        ranges: &[(Micros, Micros)],
         lookback: Micros,
     ) -> Result<Vec<GoldSession>> {
+        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+            return Ok(Vec::new());
+        };
+        let (lo, hi) = (first.0, last.1);
         let bronze = &self.source_schema(&spec.sources[0])?.bronze;
         let Some(table) = self.wh.open(&spec.table).await? else {
             return Ok(Vec::new());
         };
         let ctx: SessionContext = delta::session_with(&table, "gold").await?;
         let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
-        let filter = read::dates_in(GOLD_PARTITION, &days)
-            .and(col("session_end").gt_eq(read::ts_lit(lo)))
-            .and(col("session_start").lt_eq(read::ts_lit(hi)));
+        let overlaps = ranges
+            .iter()
+            .map(|&(lo, hi)| {
+                col("session_end")
+                    .gt_eq(read::ts_lit(lo))
+                    .and(col("session_start").lt_eq(read::ts_lit(hi)))
+            })
+            .reduce(datafusion::prelude::Expr::or)
+            .unwrap_or(datafusion::prelude::lit(false));
+        let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
         // Key columns typed as in bronze, so their encodings compare equal.
         let mut fields: Vec<arrow::datatypes::Field> = keys
             .iter()

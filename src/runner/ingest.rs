@@ -304,11 +304,15 @@ impl Ingestor {
     async fn compact_open(&self, source: &str) {
         let open = self.cfg.maintain.open_compaction();
         let own: &[(&str, &str)] = &[("source", source)];
+        let columns = self.schemas.get(source).map(|s| s.bronze.fields().clone());
+        let columns = columns
+            .iter()
+            .flat_map(|f| f.iter().map(|f| f.name().as_str()));
         let tables = [
             (
                 bronze_path(source),
                 &[][..],
-                Some(delta::bronze_writer_properties()),
+                Some(delta::bronze_writer_properties(columns)),
                 false,
             ),
             (quarantine::table_path(source), &[], None, false),
@@ -610,7 +614,9 @@ impl Ingestor {
                 "bronze already holds this batch (replay)"
             );
         } else if rows_written > 0 {
-            let props = delta::bronze_writer_properties();
+            let props = delta::bronze_writer_properties(
+                schema.bronze.fields().iter().map(|f| f.name().as_str()),
+            );
             let t =
                 delta::append_with(bronze, deduped, &[EVENT_DATE], &app, n, Some(props)).await?;
             bronze_version = t.version().map(|v| v as i64);

@@ -231,7 +231,7 @@ impl JobRunner {
             false,
         )]));
         let mut partitions = read::dates_in(pay::ORDER_DATE, days);
-        if super::batch::table_columns(&gold)?.contains(pay::ORDER_HOUR) {
+        if delta::table_columns(&gold)?.contains(pay::ORDER_HOUR) {
             let hours = hours.iter().map(|h| lit(ScalarValue::Int32(Some(*h))));
             partitions = partitions.and(col(pay::ORDER_HOUR).in_list(hours.collect(), false));
         }

@@ -138,7 +138,7 @@ mod tests {
         )
         .unwrap();
         let mut buf = Vec::new();
-        let props = crate::sink::delta::bronze_writer_properties();
+        let props = crate::sink::delta::bronze_writer_properties(["event_id"]);
         let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
