@@ -164,6 +164,9 @@ async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spe
         sites.push((days, site));
     }
     let mut times: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    let profile = std::env::var("KESTREL_AGE_PROFILE").is_ok();
+    let mut profiles: BTreeMap<i64, BTreeMap<String, (u64, std::time::Duration)>> = BTreeMap::new();
+    kestrel::sink::timings::take();
     for round in 0..ROUNDS {
         for (days, site) in &sites {
             let start = DAY0 + round * 300;
@@ -182,6 +185,27 @@ async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spe
                 "round {round}: {days:>2} d of history: ingest {ingest_s:.2} s, revenue_5m batch {job_s:.2} s"
             );
             times.entry(*days).or_default().push(job_s);
+            let p = profiles.entry(*days).or_default();
+            for (k, (n, d)) in kestrel::sink::timings::take() {
+                let e = p.entry(k).or_default();
+                e.0 += n;
+                e.1 += d;
+            }
+        }
+    }
+    if profile {
+        // Where a batch's time went, per storage operation and table, side by side.
+        let (one, thirty) = (&profiles[&1], &profiles[&30]);
+        let keys: std::collections::BTreeSet<&String> = one.keys().chain(thirty.keys()).collect();
+        let mut keys: Vec<&String> = keys.into_iter().collect();
+        keys.sort_by_key(|k| std::cmp::Reverse(thirty.get(*k).map_or(0, |e| e.1.as_micros())));
+        println!("  ms per batch:    1 d     30 d");
+        for k in keys.iter().take(20) {
+            let ms = |p: &BTreeMap<String, (u64, std::time::Duration)>| {
+                p.get(*k)
+                    .map_or(0.0, |e| e.1.as_secs_f64() * 1e3 / ROUNDS as f64)
+            };
+            println!("      {:>8.1} {:>8.1}  {k}", ms(one), ms(thirty));
         }
     }
     let m1 = median(times[&1].clone());

@@ -134,18 +134,20 @@ impl Warehouse {
         let mut b = DeltaTableBuilder::from_url(url.clone())
             .map_err(|e| Error::delta(url.as_str(), e))?
             .with_storage_options(self.options());
-        if crate::fault::wraps_store() {
-            let root: std::sync::Arc<dyn deltalake::logstore::object_store::ObjectStore> =
-                match &self.loc.local_dir {
-                    Some(_) => std::sync::Arc::new(
-                        deltalake::logstore::object_store::local::LocalFileSystem::new(),
-                    ),
-                    None => self.loc.store.clone(),
-                };
-            b = b.with_storage_backend(
-                std::sync::Arc::new(crate::fault::FaultStore::new(root)),
-                url.clone(),
+        type Store = std::sync::Arc<dyn deltalake::logstore::object_store::ObjectStore>;
+        // Local tables list their logs by name (see `sink::loglist`).
+        let mut root: Option<Store> = self.loc.local_dir.as_ref().map(|_| {
+            let local: Store = std::sync::Arc::new(
+                deltalake::logstore::object_store::local::LocalFileSystem::new(),
             );
+            std::sync::Arc::new(super::loglist::LogListing::new(local)) as Store
+        });
+        if crate::fault::wraps_store() {
+            let inner = root.unwrap_or_else(|| self.loc.store.clone());
+            root = Some(std::sync::Arc::new(crate::fault::FaultStore::new(inner)));
+        }
+        if let Some(root) = root {
+            b = b.with_storage_backend(root, url.clone());
         }
         Ok(b)
     }

@@ -5,6 +5,7 @@ pub mod bloom;
 pub mod compact;
 pub mod delta;
 pub mod late;
+pub mod loglist;
 pub mod probe;
 pub mod quarantine;
 pub mod tables;
