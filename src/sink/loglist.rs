@@ -125,7 +125,7 @@ fn walk(dir: &std::path::Path, at: &str, offset: &str, out: &mut Vec<ObjectMeta>
             .duration_since(std::time::SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_micros();
-        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        let inode = inode(&meta);
         out.push(ObjectMeta {
             location: Path::from(location),
             last_modified: DateTime::<Utc>::from(modified),
@@ -136,6 +136,16 @@ fn walk(dir: &std::path::Path, at: &str, offset: &str, out: &mut Vec<ObjectMeta>
         });
     }
     Some(())
+}
+
+#[cfg(unix)]
+fn inode(meta: &std::fs::Metadata) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(meta)
+}
+
+#[cfg(not(unix))]
+fn inode(_meta: &std::fs::Metadata) -> u64 {
+    0
 }
 
 #[async_trait::async_trait]
