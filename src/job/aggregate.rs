@@ -243,12 +243,18 @@ pub fn window_size(spec: &WindowSpec) -> Micros {
 }
 
 /// Sort and merge overlapping or adjacent `[lo, hi)` ranges.
-pub fn merge_ranges(mut r: Vec<(Micros, Micros)>) -> Vec<(Micros, Micros)> {
+pub fn merge_ranges(r: Vec<(Micros, Micros)>) -> Vec<(Micros, Micros)> {
+    merge_within(r, 1)
+}
+
+/// Sort `r` and merge ranges that start less than `within` after the previous one ends
+/// (1: overlapping or adjacent; a session gap: events that close share a session).
+fn merge_within(mut r: Vec<(Micros, Micros)>, within: Micros) -> Vec<(Micros, Micros)> {
     r.sort_unstable();
     let mut out: Vec<(Micros, Micros)> = Vec::with_capacity(r.len());
     for (lo, hi) in r {
         match out.last_mut() {
-            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            Some(last) if lo.saturating_sub(last.1) < within => last.1 = last.1.max(hi),
             _ => out.push((lo, hi)),
         }
     }
@@ -364,20 +370,6 @@ pub struct SessionScope {
 /// a filter term per range costs every row the read decodes.
 pub const MAX_LOOKUP_RANGES: usize = 64;
 
-/// Sort `spans` and merge those less than `gap` apart (events that close share a
-/// session).
-fn merge_spans(spans: &mut Vec<(Micros, Micros)>, gap: Micros) {
-    spans.sort_unstable();
-    let mut out: Vec<(Micros, Micros)> = Vec::with_capacity(spans.len());
-    for &(lo, hi) in spans.iter() {
-        match out.last_mut() {
-            Some(last) if lo - last.1 < gap => last.1 = last.1.max(hi),
-            _ => out.push((lo, hi)),
-        }
-    }
-    *spans = out;
-}
-
 /// Merge sorted, disjoint `ranges` across their smallest gaps until at most `max` are
 /// left (the result covers every input range).
 pub fn coalesce_ranges(ranges: Vec<(Micros, Micros)>, max: usize) -> Vec<(Micros, Micros)> {
@@ -440,7 +432,7 @@ impl SessionScope {
         touched.dedup();
         for key in touched {
             if let Some(spans) = self.spans.get_mut(&key) {
-                merge_spans(spans, self.gap);
+                *spans = merge_within(std::mem::take(spans), self.gap);
             }
         }
         Ok(())
@@ -499,7 +491,7 @@ impl SessionScope {
                 if !grew {
                     break;
                 }
-                merge_spans(spans, gap);
+                *spans = merge_within(std::mem::take(spans), gap);
             }
             for (i, s) in sessions.into_iter().enumerate() {
                 if taken[i] {

@@ -304,10 +304,11 @@ impl Ingestor {
     async fn compact_open(&self, source: &str) {
         let open = self.cfg.maintain.open_compaction();
         let own: &[(&str, &str)] = &[("source", source)];
-        let columns = self.schemas.get(source).map(|s| s.bronze.fields().clone());
-        let columns = columns
-            .iter()
-            .flat_map(|f| f.iter().map(|f| f.name().as_str()));
+        let columns = self
+            .schemas
+            .get(source)
+            .into_iter()
+            .flat_map(|s| s.bronze.fields().iter().map(|f| f.name().as_str()));
         let tables = [
             (
                 bronze_path(source),
