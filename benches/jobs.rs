@@ -519,8 +519,8 @@ async fn stream_latency(
     let polls = polls.lock().unwrap().clone();
     let mut lat: Vec<f64> = Vec::new();
     for b in &rows {
-        let sku = kestrel::sink::delta::col_str(b, 0).unwrap();
-        let det = kestrel::sink::delta::col_i64(b, 1).unwrap();
+        let sku = kestrel::columns::string_at(b, 0).unwrap();
+        let det = kestrel::columns::int64_at(b, 1).unwrap();
         for i in 0..b.num_rows() {
             let d = det.value(i);
             let Some((_, end, _)) = polls.iter().find(|(s, e, _)| *s <= d && d <= *e) else {

@@ -73,6 +73,10 @@ pub enum Error {
     #[error("batch plan {path}: {reason}")]
     Plan { path: String, reason: String },
 
+    /// Rows without a column their reader needs, or of another type.
+    #[error(transparent)]
+    Column(#[from] crate::columns::ColumnError),
+
     /// Anything else, with a human readable reason.
     #[error("{0}")]
     Other(String),

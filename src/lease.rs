@@ -41,7 +41,7 @@ fn pid_alive(pid: u32) -> bool {
 impl Lease {
     /// Try to take lease `name` for `ttl`.
     pub async fn acquire(wh: &Warehouse, name: &str, ttl: std::time::Duration) -> Result<Lease> {
-        let key = format!("_kestrel/leases/{name}.json");
+        let key = crate::names::key::lease(name);
         let now = Utc::now();
         let body = LeaseBody {
             owner: format!("{}:{}", hostname(), std::process::id()),
@@ -93,7 +93,7 @@ impl Lease {
     /// The owner of lease `name` if another live process holds it (unexpired, and not a
     /// dead process on this host); None when it is free or ours.
     pub async fn live_holder(wh: &Warehouse, name: &str) -> Result<Option<String>> {
-        let key = format!("_kestrel/leases/{name}.json");
+        let key = crate::names::key::lease(name);
         let Some(raw) = wh.loc.get_opt(&key).await? else {
             return Ok(None);
         };

@@ -17,12 +17,10 @@ use deltalake::parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::names;
 use crate::schema::ts_type;
 use crate::sink::delta::{self, Warehouse};
 use crate::source::discover::LandedFile;
-
-/// Table path of the ledger.
-pub const TABLE: &str = "_kestrel/ledger";
 
 /// Partition columns of the ledger: the source, then the UTC date the file landed, so a
 /// batch appends to (and the between-batches compaction rewrites) one small partition.
@@ -65,17 +63,6 @@ pub struct Plan {
     pub cursors_after: BTreeMap<String, String>,
 }
 
-fn plan_key(source: &str, batch_id: i64) -> String {
-    format!("_kestrel/plans/ingest/{source}/{batch_id:020}.json")
-}
-
-/// The batch id in a plan file's name (`…/<batch:020>.json`, also `.plan.json` and
-/// `.result.json`).
-pub fn plan_batch(key: &str) -> Option<i64> {
-    let name = key.rsplit('/').next()?;
-    name.split('.').next()?.parse().ok()
-}
-
 /// Delete `source`'s ingestion plans of batches before `keep_from` written more than
 /// `older_than` ago (the maintenance retention): a completed batch's plan is only read
 /// again to plan the next batch (its listing cursors), so the last one is kept.
@@ -85,17 +72,17 @@ pub async fn expire_plans(
     keep_from: i64,
     older_than: std::time::Duration,
 ) -> Result<usize> {
-    let prefix = format!("_kestrel/plans/ingest/{source}/");
+    let prefix = names::key::ingest_plans(source);
     wh.loc
         .expire(&prefix, older_than, |key| {
-            plan_batch(key).is_some_and(|b| b < keep_from)
+            names::key::plan_batch(key).is_some_and(|b| b < keep_from)
         })
         .await
 }
 
 /// Read a plan; None when it does not exist.
 pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Option<Plan>> {
-    let key = plan_key(source, batch_id);
+    let key = names::key::ingest_plan(source, batch_id);
     let Some(bytes) = wh.loc.get_opt(&key).await? else {
         return Ok(None);
     };
@@ -115,7 +102,7 @@ pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Op
 /// Write a plan if no plan with that id exists. Returns the plan that is durable
 /// (ours, or the one another writer created first).
 pub async fn write_plan(wh: &Warehouse, plan: &Plan) -> Result<Plan> {
-    let key = plan_key(&plan.source, plan.batch_id);
+    let key = names::key::ingest_plan(&plan.source, plan.batch_id);
     let body = serde_json::to_vec_pretty(plan).map_err(|e| Error::Other(e.to_string()))?;
     if wh.loc.put_if_absent(&key, body).await? {
         return Ok(plan.clone());
@@ -145,11 +132,6 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("landed_date", DataType::Date32, true),
     ]))
 });
-
-/// Application id of a source's ledger commits.
-pub fn app_id(source: &str) -> String {
-    format!("kestrel-ledger-{source}")
-}
 
 /// Outcome of one file, recorded in the ledger.
 #[derive(Debug, Clone)]
@@ -221,14 +203,16 @@ pub struct Known {
 /// Append the ledger rows of batch `batch_id` of `source` unless the ledger holds them
 /// (txn `kestrel-ledger-<source>`).
 pub async fn record(wh: &Warehouse, source: &str, batch_id: i64, rows: RecordBatch) -> Result<()> {
-    let table = wh.open_or_create(TABLE, &SCHEMA, &PARTITIONS).await?;
-    let app = app_id(source);
-    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= batch_id {
-        return Ok(());
-    }
+    let table = wh
+        .open_or_create(names::table::LEDGER, &SCHEMA, &PARTITIONS)
+        .await?;
+    let app = names::app::ledger(source);
     let parts = delta::partition_columns(&table)?;
     let props = Some(writer_properties());
-    delta::append_evolving(table, vec![rows], &parts, &app, batch_id, props).await?;
+    delta::commit_once(table, &app, batch_id, |t| {
+        delta::append_evolving(t, vec![rows], &parts, &app, batch_id, props)
+    })
+    .await?;
     Ok(())
 }
 
@@ -262,7 +246,7 @@ pub async fn known_files(
     listed: &[LandedFile],
 ) -> Result<HashMap<String, Known>> {
     let mut out: HashMap<String, Known> = HashMap::new();
-    let Some(table) = wh.open(TABLE).await? else {
+    let Some(table) = wh.open(names::table::LEDGER).await? else {
         return Ok(out);
     };
     let ctx = delta::session_with(&table, "ledger").await?;
@@ -330,10 +314,10 @@ async fn read_known(
         "SELECT CAST(path AS VARCHAR) AS path, size, CAST(e_tag AS VARCHAR) AS e_tag, batch_id FROM ledger WHERE {filter}"
     );
     for b in delta::sql(ctx, &q).await? {
-        let paths = delta::col_str(&b, 0)?;
-        let sizes = delta::col_i64(&b, 1)?;
-        let etags = delta::col_str(&b, 2)?;
-        let batches = delta::col_i64(&b, 3)?;
+        let paths = crate::columns::string_at(&b, 0)?;
+        let sizes = crate::columns::int64_at(&b, 1)?;
+        let etags = crate::columns::string_at(&b, 2)?;
+        let batches = crate::columns::int64_at(&b, 3)?;
         for i in 0..b.num_rows() {
             let k = Known {
                 size: sizes.value(i) as u64,
@@ -448,7 +432,7 @@ mod tests {
         );
 
         // The ledger's files carry the path filter the probe relies on.
-        let table = wh.open(TABLE).await.unwrap().unwrap();
+        let table = wh.open(names::table::LEDGER).await.unwrap().unwrap();
         // d2's path range covers the second path: only its filter rules that file out.
         let paths = ["orders/d1/f9.ndjson", "orders/d2/nope.ndjson"];
         let incoming = paths.iter().copied().collect();

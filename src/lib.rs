@@ -3,6 +3,7 @@
 //! Data flows one way: landing → [`source`] → bronze → jobs → [`sink`] → gold. The
 //! [`runner`] decides when; `main.rs` only parses the command line and calls in here.
 
+pub mod columns;
 pub mod config;
 pub mod demo;
 pub mod error;
@@ -10,6 +11,7 @@ pub mod fault;
 pub mod job;
 pub mod lease;
 pub mod ledger;
+pub mod names;
 pub mod ops;
 pub mod runlog;
 pub mod runner;

@@ -358,7 +358,7 @@ async fn run(
     // Jobs run always-on by `kestrel stream` own their sources while the stream runs.
     let mut streamed: Vec<(String, String)> = Vec::new(); // (job, owner)
     for name in all_jobs.keys() {
-        let lease = kestrel::runner::stream::lease_name(name);
+        let lease = kestrel::names::lease::stream(name);
         if let Some(owner) = kestrel::lease::Lease::live_holder(ing.warehouse(), &lease).await? {
             streamed.push((name.clone(), owner));
         }

@@ -12,11 +12,9 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::job::plan::JobCounts;
+use crate::names;
 use crate::schema::ts_type;
 use crate::sink::delta::{self, Warehouse};
-
-/// Table path of the run log.
-pub const TABLE: &str = "_kestrel/runs";
 
 /// Partition column of the run log: the UTC date the batch started. Every batch appends
 /// to today's partition, so compacting it between batches keeps the table — which every
@@ -54,11 +52,6 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(PARTITION, DataType::Date32, true),
     ]))
 });
-
-/// Application id of a run-log entry stream (`kind` + `name`, e.g. ingest/orders).
-pub fn app_id(kind: &str, name: &str) -> String {
-    format!("kestrel-runlog-{kind}-{name}")
-}
 
 /// One completed ingestion batch.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -218,21 +211,23 @@ impl Row<'_> {
 /// Append `row` unless its batch is already logged (txn per kind and name). Returns true
 /// if written.
 async fn append(wh: &Warehouse, row: &Row<'_>) -> Result<bool> {
-    let table = wh.open_or_create(TABLE, &SCHEMA, &[PARTITION]).await?;
-    let app = app_id(row.kind, row.name);
-    if delta::txn_version(&table, &app).await?.unwrap_or(0) >= row.batch_id {
-        return Ok(false);
-    }
+    let table = wh
+        .open_or_create(names::table::RUNS, &SCHEMA, &[PARTITION])
+        .await?;
+    let app = names::app::runlog(row.kind, row.name);
     let parts = delta::partition_columns(&table)?;
     let rows = vec![row.to_batch()?];
-    delta::append_evolving(table, rows, &parts, &app, row.batch_id, None).await?;
-    Ok(true)
+    let written = delta::commit_once(table, &app, row.batch_id, |t| {
+        delta::append_evolving(t, rows, &parts, &app, row.batch_id, None)
+    })
+    .await?;
+    Ok(written.is_some())
 }
 
 /// Last batch id logged for (kind, name); 0 when none.
 pub async fn last_batch(wh: &Warehouse, kind: &str, name: &str) -> Result<i64> {
-    match wh.open(TABLE).await? {
-        Some(t) => Ok(delta::txn_version(&t, &app_id(kind, name))
+    match wh.open(names::table::RUNS).await? {
+        Some(t) => Ok(delta::txn_version(&t, &names::app::runlog(kind, name))
             .await?
             .unwrap_or(0)),
         None => Ok(0),

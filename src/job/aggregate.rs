@@ -100,29 +100,6 @@ pub fn project(schema: &Schema, columns: &[String]) -> Result<SchemaRef> {
     Ok(Arc::new(Schema::new(fields)))
 }
 
-/// Event times of a bronze batch (micros, UTC).
-pub fn event_ts(batch: &RecordBatch) -> Result<&TimestampMicrosecondArray> {
-    ts_column(batch, "event_ts")
-}
-
-/// Column `name` of `b` as timestamps (micros).
-pub fn ts_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a TimestampMicrosecondArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
-    c.as_primitive_opt::<TimestampMicrosecondType>()
-        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
-}
-
-/// Column `name` of `b` as Utf8 strings.
-pub fn string_column<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
-    c.as_string_opt::<i32>()
-        .ok_or_else(|| Error::Other(format!("column {name} has type {}", c.data_type())))
-}
-
 /// Split new rows into (applied, too late) against `cutoff` = W − lookback (None: no
 /// watermark yet, nothing is late).
 pub fn split_late(
@@ -132,7 +109,7 @@ pub fn split_late(
     let Some(cutoff) = cutoff else {
         return Ok((batch.clone(), batch.slice(0, 0)));
     };
-    let ts = event_ts(batch)?;
+    let ts = crate::columns::event_ts(batch)?;
     let late: BooleanArray = ts
         .iter()
         .map(|t| Some(t.is_some_and(|t| t < cutoff)))
@@ -147,7 +124,7 @@ pub fn split_late(
 /// Feed new rows of `source` into the watermark: per source partition, the greatest
 /// event time and the newest arrival (`_landed_at`).
 pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<()> {
-    let ts = event_ts(batch)?;
+    let ts = crate::columns::event_ts(batch)?;
     let part = batch
         .column_by_name("_source_partition")
         .map(|c| cast(c, &DataType::Utf8))
@@ -209,7 +186,7 @@ impl Touched {
         w_before: Option<Micros>,
     ) -> Result<()> {
         let keys = enc.encode(applied)?;
-        let ts = event_ts(applied)?;
+        let ts = crate::columns::event_ts(applied)?;
         let mut corrected: FastSet<(KeyId, Micros)> = FastSet::default();
         for (i, key) in keys.into_iter().enumerate() {
             if ts.is_null(i) {
@@ -299,7 +276,7 @@ pub fn assign_windows(
     finalising: Option<(Option<Micros>, Micros)>,
 ) -> Result<RecordBatch> {
     let keys = enc.encode(rows)?;
-    let ts = event_ts(rows)?;
+    let ts = crate::columns::event_ts(rows)?;
     if let Some((b, a)) = finalising {
         for (i, key) in keys.iter().enumerate() {
             if ts.is_null(i) {
@@ -415,7 +392,7 @@ impl SessionScope {
     /// applied new rows (as opposed to rows touched only to finalise their session).
     pub fn touch(&mut self, enc: &mut KeyEncoder, rows: &RecordBatch, applied: bool) -> Result<()> {
         let keys = enc.encode(rows)?;
-        let ts = event_ts(rows)?;
+        let ts = crate::columns::event_ts(rows)?;
         let mut touched: Vec<KeyId> = Vec::new();
         for (i, key) in keys.into_iter().enumerate() {
             if ts.is_null(i) {
@@ -549,7 +526,7 @@ pub fn assign_sessions(
     gap: Micros,
 ) -> Result<(RecordBatch, Vec<SessionBounds>)> {
     let keys = enc.encode(rows)?;
-    let ts = event_ts(rows)?;
+    let ts = crate::columns::event_ts(rows)?;
     let mut per_key: FastMap<KeyId, Vec<(Micros, u32)>> = FastMap::default();
     for (i, key) in keys.into_iter().enumerate() {
         if ts.is_null(i) {
@@ -703,9 +680,9 @@ pub fn gold_rows(
     let mut out = Vec::with_capacity(agg.len());
     for b in agg {
         let n = b.num_rows();
-        let start = col_i64(b, WINDOW_START)?;
+        let start = crate::columns::int64(b, WINDOW_START)?;
         let end: Vec<Micros> = if session {
-            col_i64(b, SESSION_END)?.values().to_vec()
+            crate::columns::int64(b, SESSION_END)?.values().to_vec()
         } else {
             start.values().iter().map(|s| s + size).collect()
         };
@@ -797,15 +774,6 @@ pub fn tombstones(
     Ok(RecordBatch::try_new(target, cols)?)
 }
 
-/// Column `name` as Int64 (casting timestamps to their micros).
-pub fn col_i64(b: &RecordBatch, name: &str) -> Result<Int64Array> {
-    let c = b
-        .column_by_name(name)
-        .ok_or_else(|| Error::Other(format!("rows without column {name}")))?;
-    let a = cast(c, &DataType::Int64)?;
-    Ok(a.as_primitive::<arrow::datatypes::Int64Type>().clone())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -893,8 +861,8 @@ mod tests {
                         .as_string::<i32>()
                         .value(i)
                         .to_string(),
-                    col_i64(&g, "window_start").unwrap().value(i) / M,
-                    col_i64(&g, "n").unwrap().value(i),
+                    crate::columns::int64(&g, "window_start").unwrap().value(i) / M,
+                    crate::columns::int64(&g, "n").unwrap().value(i),
                     g.column_by_name("is_final").unwrap().as_boolean().value(i),
                 )
             })

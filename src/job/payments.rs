@@ -17,6 +17,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{
     Array, ArrayRef, BooleanArray, Date32Array, Float64Array, Int32Array, Int64Array, RecordBatch,
@@ -26,11 +27,11 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
+use crate::columns::{self, event_ts};
 use crate::error::{Error, Result};
-use crate::job::aggregate::{event_ts, string_column, ts_column, DAY, OP};
-use crate::job::spec::PaymentParams;
+use crate::job::aggregate::{DAY, OP};
 use crate::schema::ts_type;
-use crate::time::Micros;
+use crate::time::{micros, Micros};
 
 /// Partition column of both payments gold tables: the date of order_ts (of the first
 /// payment for orphan payments).
@@ -40,6 +41,35 @@ pub const ORDER_DATE: &str = "order_date";
 /// timestamp `order_date` is the date of, so a batch's MERGE rewrites the hours its
 /// orders fall in, not the whole day (see [`crate::job::aggregate::WINDOW_HOUR`]).
 pub const ORDER_HOUR: &str = "order_hour";
+
+/// Which payments job: the five-minute fast match or the reconciliation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentMode {
+    Fast,
+    Reconcile,
+}
+
+/// Settings of the payments operators (`[params]` in the job file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentParams {
+    /// Payments with event_ts up to order_ts + this count for an order (default 3d).
+    pub business_window: Duration,
+    /// How far, in event time, an order's lines and payments are looked for around the
+    /// event that touched the order (default 7d; at least the business window).
+    pub horizon: Duration,
+    /// `payments_fast`: the first capture came at most this long after order_ts (5m).
+    pub fast_within: Duration,
+}
+
+impl Default for PaymentParams {
+    fn default() -> Self {
+        PaymentParams {
+            business_window: Duration::from_secs(3 * 86_400),
+            horizon: Duration::from_secs(7 * 86_400),
+            fast_within: Duration::from_secs(300),
+        }
+    }
+}
 /// The key column.
 pub const ORDER_ID: &str = "order_id";
 
@@ -57,10 +87,6 @@ pub mod status {
     pub const ORPHAN: &str = "orphan_payment";
 }
 
-fn micros(d: std::time::Duration) -> Micros {
-    i64::try_from(d.as_micros()).unwrap_or(Micros::MAX)
-}
-
 /// The order_ids a batch re-evaluates and the event times that touched them.
 #[derive(Debug, Default, Clone)]
 pub struct Touches {
@@ -71,7 +97,7 @@ pub struct Touches {
 impl Touches {
     /// Touch the order_id of every row of `rows` (columns `order_id`, `event_ts`).
     pub fn add(&mut self, rows: &RecordBatch) -> Result<()> {
-        let ids = string_column(rows, ORDER_ID)?;
+        let ids = columns::string(rows, ORDER_ID)?;
         let ts = event_ts(rows)?;
         for i in 0..rows.num_rows() {
             if ids.is_null(i) || ts.is_null(i) {
@@ -342,12 +368,12 @@ struct Facts<'a> {
 
 impl<'a> Facts<'a> {
     fn of(b: &'a RecordBatch) -> Result<Self> {
-        let ts = |name: &str| ts_column(b, name);
+        let ts = |name: &str| columns::ts(b, name);
         Ok(Facts {
-            id: string_column(b, ORDER_ID)?,
+            id: columns::string(b, ORDER_ID)?,
             order_ts: ts("order_ts")?,
-            amount: crate::job::aggregate::col_i64(b, "amount_cents")?,
-            captured: crate::job::aggregate::col_i64(b, "captured_cents")?,
+            amount: crate::columns::int64(b, "amount_cents")?,
+            captured: crate::columns::int64(b, "captured_cents")?,
             first_capture: ts("first_capture_ts")?,
             first_payment: ts("first_payment_ts")?,
         })

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::names;
 use crate::sink::delta::Warehouse;
 use crate::time::watermark::Watermark;
 use crate::time::Micros;
@@ -123,10 +124,6 @@ pub struct JobResult {
     pub counts: JobCounts,
 }
 
-fn key(job: &str, batch_id: i64, what: &str) -> String {
-    format!("_kestrel/plans/job/{job}/{batch_id:020}.{what}.json")
-}
-
 async fn read<T: for<'de> Deserialize<'de>>(wh: &Warehouse, key: &str) -> Result<Option<T>> {
     let Some(bytes) = wh.loc.get_opt(key).await? else {
         return Ok(None);
@@ -163,32 +160,42 @@ pub async fn expire(
     keep_from: i64,
     older_than: std::time::Duration,
 ) -> Result<usize> {
-    let prefix = format!("_kestrel/plans/job/{job}/");
+    let prefix = names::key::job_plans(job);
     wh.loc
         .expire(&prefix, older_than, |key| {
-            crate::ledger::plan_batch(key).is_some_and(|b| b < keep_from)
+            crate::names::key::plan_batch(key).is_some_and(|b| b < keep_from)
         })
         .await
 }
 
 /// Read plan `n` of `job`.
 pub async fn read_plan(wh: &Warehouse, job: &str, n: i64) -> Result<Option<JobPlan>> {
-    read(wh, &key(job, n, "plan")).await
+    read(wh, &names::key::job_plan(job, n, "plan")).await
 }
 
 /// Make plan `n` durable (or return the one already there).
 pub async fn write_plan(wh: &Warehouse, plan: &JobPlan) -> Result<JobPlan> {
-    write_once(wh, &key(&plan.job, plan.batch_id, "plan"), plan).await
+    write_once(
+        wh,
+        &names::key::job_plan(&plan.job, plan.batch_id, "plan"),
+        plan,
+    )
+    .await
 }
 
 /// Read result `n` of `job`.
 pub async fn read_result(wh: &Warehouse, job: &str, n: i64) -> Result<Option<JobResult>> {
-    read(wh, &key(job, n, "result")).await
+    read(wh, &names::key::job_plan(job, n, "result")).await
 }
 
 /// Make result `n` durable (or return the one already there).
 pub async fn write_result(wh: &Warehouse, result: &JobResult) -> Result<JobResult> {
-    write_once(wh, &key(&result.job, result.batch_id, "result"), result).await
+    write_once(
+        wh,
+        &names::key::job_plan(&result.job, result.batch_id, "result"),
+        result,
+    )
+    .await
 }
 
 #[cfg(test)]

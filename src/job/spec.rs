@@ -19,6 +19,7 @@ use datafusion::prelude::SessionContext;
 
 use crate::config::{files_with_extension, parse_duration};
 use crate::error::{Error, Result};
+use crate::names;
 use crate::schema::SourceSchema;
 use crate::time::window::WindowSpec;
 
@@ -112,34 +113,7 @@ impl JobSpec {
     }
 }
 
-/// Which payments job: the five-minute fast match or the reconciliation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PaymentMode {
-    Fast,
-    Reconcile,
-}
-
-/// Settings of the payments operators (`[params]` in the job file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PaymentParams {
-    /// Payments with event_ts up to order_ts + this count for an order (default 3d).
-    pub business_window: Duration,
-    /// How far, in event time, an order's lines and payments are looked for around the
-    /// event that touched the order (default 7d; at least the business window).
-    pub horizon: Duration,
-    /// `payments_fast`: the first capture came at most this long after order_ts (5m).
-    pub fast_within: Duration,
-}
-
-impl Default for PaymentParams {
-    fn default() -> Self {
-        PaymentParams {
-            business_window: Duration::from_secs(3 * 86_400),
-            horizon: Duration::from_secs(7 * 86_400),
-            fast_within: Duration::from_secs(300),
-        }
-    }
-}
+pub use crate::job::payments::{PaymentMode, PaymentParams};
 
 /// Columns (and types) the payments operators need from their two sources.
 const ORDER_COLUMNS: [(&str, crate::schema::FieldType); 3] = [
@@ -343,7 +317,7 @@ pub async fn parse(
         .transpose()?
         .flatten()
     {
-        Some(t) if t.starts_with("gold/") && t.len() > 5 => t.to_string(),
+        Some(t) if names::table::is_gold(t) => t.to_string(),
         Some(t) => {
             return Err(Error::config(
                 file,
@@ -351,7 +325,7 @@ pub async fn parse(
                 format!("a path under gold/, got {t:?}"),
             ))
         }
-        None => format!("gold/{name}"),
+        None => names::table::gold(&name),
     };
     let merge_keys_given = sink
         .as_ref()
@@ -473,11 +447,11 @@ fn stockout_kind(
         ],
         schemas,
     )?;
-    let mut availability_table = "gold/sku_availability".to_string();
+    let mut availability_table = names::table::SKU_AVAILABILITY.to_string();
     if let Some(p) = top.sub("params")? {
         p.only(&["availability_table"])?;
         if let Some(t) = p.str_opt("availability_table")? {
-            if !t.starts_with("gold/") || t.len() <= 5 {
+            if !names::table::is_gold(t) {
                 return Err(p.err(
                     "availability_table",
                     format!("a path under gold/, got {t:?}"),

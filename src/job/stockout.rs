@@ -1,6 +1,6 @@
 //! The stock-out operator (DESIGN.md, Reconciliation and stock-out): pure functions over
 //! Arrow record batches of inventory events and per-sku state, with no I/O of their own,
-//! so the micro-batch job (and later the always-on stream) share them.
+//! so the micro-batch job, its backfill and the always-on stream share them.
 //!
 //! Per sku, events apply in (event_ts, event_id) order: on_hand starts at 0, `count` sets
 //! it, other kinds add their signed quantity. A stock-out is a step from on_hand > 0 to
@@ -29,8 +29,9 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
+use crate::columns::{self, event_ts};
 use crate::error::Result;
-use crate::job::aggregate::{event_ts, string_column, ts_column, DAY};
+use crate::job::aggregate::DAY;
 use crate::schema::ts_type;
 use crate::time::Micros;
 
@@ -217,11 +218,11 @@ pub fn reconcile_alerts(
 
 /// Events of a batch of inventory rows, grouped by sku and sorted by key.
 pub fn events_by_sku(rows: &RecordBatch) -> Result<BTreeMap<String, Vec<Event>>> {
-    let sku = string_column(rows, "sku")?;
-    let id = string_column(rows, "event_id")?;
-    let kind = string_column(rows, "kind")?;
+    let sku = columns::string(rows, "sku")?;
+    let id = columns::string(rows, "event_id")?;
+    let kind = columns::string(rows, "kind")?;
     let ts = event_ts(rows)?;
-    let qty = crate::job::aggregate::col_i64(rows, "quantity")?;
+    let qty = crate::columns::int64(rows, "quantity")?;
     let mut out: BTreeMap<String, Vec<Event>> = BTreeMap::new();
     for i in 0..rows.num_rows() {
         if sku.is_null(i) || ts.is_null(i) || id.is_null(i) || qty.is_null(i) {
@@ -365,13 +366,13 @@ pub fn availability_rows(
 
 /// Per-sku states from rows of `gold/sku_availability` (columns by name).
 pub fn states_from(rows: &RecordBatch) -> Result<BTreeMap<String, SkuState>> {
-    let sku = string_column(rows, "sku")?;
-    let on_hand = crate::job::aggregate::col_i64(rows, "on_hand")?;
-    let as_of = ts_column(rows, "as_of")?;
-    let last_id = string_column(rows, "_last_event_id")?;
-    let base_on_hand = crate::job::aggregate::col_i64(rows, "_base_on_hand")?;
-    let base_ts = ts_column(rows, "_base_ts")?;
-    let base_id = string_column(rows, "_base_event_id")?;
+    let sku = columns::string(rows, "sku")?;
+    let on_hand = crate::columns::int64(rows, "on_hand")?;
+    let as_of = columns::ts(rows, "as_of")?;
+    let last_id = columns::string(rows, "_last_event_id")?;
+    let base_on_hand = crate::columns::int64(rows, "_base_on_hand")?;
+    let base_ts = columns::ts(rows, "_base_ts")?;
+    let base_id = columns::string(rows, "_base_event_id")?;
     let key = |ts: &TimestampMicrosecondArray, id: &StringArray, i: usize| {
         (ts.is_valid(i) && id.is_valid(i)).then(|| EventKey {
             ts: ts.value(i),
@@ -399,11 +400,11 @@ pub fn states_from(rows: &RecordBatch) -> Result<BTreeMap<String, SkuState>> {
 
 /// Alert rows of `gold/stockout_alerts` (columns by name), per sku.
 pub fn alerts_from(rows: &RecordBatch) -> Result<BTreeMap<String, Vec<Alert>>> {
-    let sku = string_column(rows, "sku")?;
-    let minute = ts_column(rows, "minute")?;
-    let first = ts_column(rows, "first_stockout_ts")?;
-    let on_hand = crate::job::aggregate::col_i64(rows, "on_hand")?;
-    let detected = ts_column(rows, "detected_at")?;
+    let sku = columns::string(rows, "sku")?;
+    let minute = columns::ts(rows, "minute")?;
+    let first = columns::ts(rows, "first_stockout_ts")?;
+    let on_hand = crate::columns::int64(rows, "on_hand")?;
+    let detected = columns::ts(rows, "detected_at")?;
     let mut out: BTreeMap<String, Vec<Alert>> = BTreeMap::new();
     for i in 0..rows.num_rows() {
         out.entry(sku.value(i).to_string())

@@ -20,7 +20,6 @@ use datafusion::prelude::col;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::runner::ingest::bronze_path;
 use crate::runner::read::ts_lit;
 use crate::sink::delta::{self, Warehouse};
 use crate::time::Micros;
@@ -211,7 +210,7 @@ pub fn analyse(
 
 /// Read the arrivals of `opts.source` from bronze and analyse them.
 pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
-    let path = bronze_path(&opts.source);
+    let path = crate::names::table::bronze(&opts.source);
     let Some(table) = wh.open(&path).await? else {
         return Err(Error::Other(format!(
             "{} has no bronze table yet: run `kestrel run` first",
@@ -246,7 +245,7 @@ pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
             .as_any()
             .downcast_ref::<StringArray>()
             .ok_or_else(|| Error::Other(format!("{what}: _source_partition is not text")))?;
-        let ev = crate::job::aggregate::ts_column(b, "event_ts")?;
+        let ev = crate::columns::ts(b, "event_ts")?;
         let landed = b
             .column(2)
             .as_any()

@@ -107,8 +107,8 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
     let mut out = Vec::new();
     for s in sources {
         for table in [
-            crate::runner::ingest::bronze_path(s),
-            crate::sink::quarantine::table_path(s),
+            crate::names::table::bronze(s),
+            crate::names::table::quarantine(s),
         ] {
             out.push(Target {
                 table,
@@ -118,17 +118,17 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
         }
     }
     for spec in jobs {
-        let stream = crate::runner::stream::lease_name(&spec.name);
+        let stream = crate::names::lease::stream(&spec.name);
         let streamed_by = Lease::live_holder(wh, &stream).await?;
         for table in job_tables(spec) {
             out.push(Target {
                 table,
-                lease: Some(format!("job-{}", spec.name)),
+                lease: Some(crate::names::lease::job(&spec.name)),
                 streamed_by: streamed_by.clone(),
             });
         }
     }
-    for table in [runlog::TABLE, ledger::TABLE] {
+    for table in [crate::names::table::RUNS, crate::names::table::LEDGER] {
         out.push(Target {
             table: table.to_string(),
             lease: None,
@@ -242,7 +242,7 @@ pub async fn tables(
 /// The tables a job writes: its gold tables and its late ledger.
 pub fn job_tables(spec: &JobSpec) -> Vec<String> {
     let mut t = crate::ops::status::gold_tables(spec);
-    t.push(crate::sink::late::table_path(&spec.name));
+    t.push(crate::names::table::late(&spec.name));
     t
 }
 
@@ -310,7 +310,7 @@ async fn table(
             op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties(
                 columns.iter().map(String::as_str),
             ));
-        } else if rel == crate::ledger::TABLE {
+        } else if rel == crate::names::table::LEDGER {
             // …and the ledger its path filters (full listings probe them).
             op = op.with_writer_properties(crate::ledger::writer_properties());
         }

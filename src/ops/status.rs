@@ -11,7 +11,6 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::job::plan;
 use crate::job::spec::{JobKind, JobSpec};
-use crate::runlog;
 use crate::sink::delta::{self, Warehouse};
 use crate::time::{iso, Micros};
 
@@ -88,7 +87,7 @@ async fn run_summaries(
     now: Micros,
 ) -> Result<BTreeMap<(String, String), RunSummary>> {
     let mut out = BTreeMap::new();
-    let Some(t) = wh.open(runlog::TABLE).await? else {
+    let Some(t) = wh.open(crate::names::table::RUNS).await? else {
         return Ok(out);
     };
     let ctx = delta::session_with(&t, "runs").await?;
@@ -110,11 +109,11 @@ async fn run_summaries(
         day("corrections")
     );
     for b in delta::sql(&ctx, &sql).await? {
-        let kind = delta::col_str(&b, 0)?;
-        let name = delta::col_str(&b, 1)?;
+        let kind = crate::columns::string_at(&b, 0)?;
+        let name = crate::columns::string_at(&b, 1)?;
         let ints: Vec<_> = (2..10)
-            .map(|i| delta::col_i64(&b, i))
-            .collect::<Result<_>>()?;
+            .map(|i| crate::columns::int64_at(&b, i))
+            .collect::<std::result::Result<_, _>>()?;
         for r in 0..b.num_rows() {
             let v = |i: usize| {
                 let c: &arrow::array::Int64Array = &ints[i];
@@ -150,9 +149,9 @@ async fn run_summaries(
     .await?;
     for b in last {
         let (k, n, s) = (
-            delta::col_str(&b, 0)?,
-            delta::col_str(&b, 1)?,
-            delta::col_str(&b, 2)?,
+            crate::columns::string_at(&b, 0)?,
+            crate::columns::string_at(&b, 1)?,
+            crate::columns::string_at(&b, 2)?,
         );
         for r in 0..b.num_rows() {
             if let Some(x) = out.get_mut(&(k.value(r).to_string(), n.value(r).to_string())) {

@@ -37,7 +37,7 @@ use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::batch::{micros, now_us, JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
+use super::batch::{now_us, JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
 use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
@@ -46,10 +46,12 @@ use crate::job::plan;
 use crate::job::spec::{JobKind, JobSpec, PaymentMode, PaymentParams};
 use crate::job::stockout as so;
 use crate::lease::Lease;
+use crate::names;
 use crate::runlog;
 use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
 use crate::sink::late;
+use crate::time::micros;
 use crate::time::window::WindowSpec;
 use crate::time::{date, iso, Micros};
 
@@ -157,15 +159,6 @@ fn consumed_in((from, to): (Micros, Micros), position: i64) -> datafusion::prelu
         .and(col("_batch_id").lt_eq(lit(position)))
 }
 
-fn progress_key(job: &str) -> String {
-    format!("_kestrel/backfill/{job}.json")
-}
-
-/// Name of the Delta application transaction of a job's backfill commits.
-pub fn app_id(job: &str) -> String {
-    format!("kestrel-backfill-{job}")
-}
-
 /// Parse `YYYY-MM-DD` to a day number.
 pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
     let d = chrono::NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d")
@@ -207,7 +200,7 @@ async fn too_late_orders(
     if rows.num_rows() == 0 {
         return Ok(Vec::new());
     }
-    let ids = agg::string_column(rows, pay::ORDER_ID)?;
+    let ids = crate::columns::string(rows, pay::ORDER_ID)?;
     let keys = read::keys_batch(ids.iter().flatten())?;
     let target: SchemaRef = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new(pay::ORDER_ID, arrow::datatypes::DataType::Utf8, true),
@@ -215,7 +208,7 @@ async fn too_late_orders(
     let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
         .and(read::in_ranges("event_ts", &[(from, to)]));
     let found = read::read_keys(lctx, "late", filter, pay::ORDER_ID, &keys, &target).await?;
-    let found = agg::string_column(&found, pay::ORDER_ID)?;
+    let found = crate::columns::string(&found, pay::ORDER_ID)?;
     let mut out: Vec<String> = found
         .iter()
         .flatten()
@@ -234,7 +227,7 @@ impl JobRunner {
         opts: &BackfillOptions,
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
-        let stream = super::stream::lease_name(&spec.name);
+        let stream = names::lease::stream(&spec.name);
         if let Some(owner) = Lease::live_holder(&self.wh, &stream).await? {
             return Err(Error::Other(format!(
                 "`{}` runs always-on ({owner}): stop its stream to backfill it",
@@ -248,7 +241,7 @@ impl JobRunner {
                 date(opts.to)
             )));
         }
-        let name = format!("job-{}", spec.name);
+        let name = names::lease::job(&spec.name);
         let mut announced = false;
         let mut lease = loop {
             match Lease::acquire(&self.wh, &name, self.lease_ttl).await {
@@ -294,7 +287,7 @@ impl JobRunner {
                 )))
             }
         };
-        let key = progress_key(&spec.name);
+        let key = names::key::backfill_progress(&spec.name);
         let fresh = Checkpoint {
             from: opts.from,
             to: opts.to,
@@ -322,7 +315,7 @@ impl JobRunner {
         };
         // Every source's bronze as `bronze_<source>`.
         let ctx = self.payments_session(spec).await?;
-        let late = match self.wh.open(&late::table_path(&spec.name)).await? {
+        let late = match self.wh.open(&names::table::late(&spec.name)).await? {
             Some(t) => Some(delta::session_with(&t, "late").await?),
             None => None,
         };
@@ -424,7 +417,7 @@ impl JobRunner {
                         read_to += DAY;
                         continue;
                     }
-                    let starts = agg::col_i64(&assigned, agg::WINDOW_START)?;
+                    let starts = crate::columns::int64(&assigned, agg::WINDOW_START)?;
                     let keep: BooleanArray = starts
                         .values()
                         .iter()
@@ -580,7 +573,7 @@ impl JobRunner {
         let pos = input.position(source);
         let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
         let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;
-        let skus: std::collections::BTreeSet<String> = agg::string_column(&touched, "sku")?
+        let skus: std::collections::BTreeSet<String> = crate::columns::string(&touched, "sku")?
             .iter()
             .flatten()
             .map(str::to_string)
@@ -598,7 +591,10 @@ impl JobRunner {
         };
         let mut start: HashMap<String, Micros> = HashMap::new();
         {
-            let (sku, ts) = (agg::string_column(&counts, "sku")?, agg::event_ts(&counts)?);
+            let (sku, ts) = (
+                crate::columns::string(&counts, "sku")?,
+                crate::columns::event_ts(&counts)?,
+            );
             for i in 0..counts.num_rows() {
                 let e = start.entry(sku.value(i).to_string()).or_insert(Micros::MIN);
                 *e = (*e).max(ts.value(i));
@@ -674,8 +670,8 @@ impl JobRunner {
                 let late_rows =
                     read::read_keys(lctx, "late", filter, "sku", &keys, &sku_ts).await?;
                 let (sku, ts) = (
-                    agg::string_column(&late_rows, "sku")?,
-                    agg::event_ts(&late_rows)?,
+                    crate::columns::string(&late_rows, "sku")?,
+                    crate::columns::event_ts(&late_rows)?,
                 );
                 let mut late_at: HashMap<&str, Vec<Micros>> = HashMap::new();
                 for i in 0..late_rows.num_rows() {
@@ -826,7 +822,7 @@ impl JobRunner {
             Vec::new(),
         );
         let (table, out) = self.open_gold(out).await?;
-        let app = app_id(&spec.name);
+        let app = names::app::backfill(&spec.name);
         let version = delta::txn_version(&table, &app).await?.unwrap_or(0) + 1;
         let ms = MergeSpec {
             keys: &out.keys,
@@ -874,7 +870,7 @@ impl JobRunner {
         if rows.num_rows() == 0 {
             return Ok(Vec::new());
         }
-        let ts = agg::event_ts(&rows)?;
+        let ts = crate::columns::event_ts(&rows)?;
         let key_cols: Vec<String> = keys.to_vec();
         let fk = formatters(&rows, &key_cols)?;
         let mut out: BTreeMap<String, ()> = BTreeMap::new();
@@ -882,8 +878,8 @@ impl JobRunner {
             WindowSpec::Session { .. } => {
                 // The session of the late row: same key, start ≤ ts ≤ end.
                 let ak = formatters(assigned, &key_cols)?;
-                let starts = agg::col_i64(assigned, agg::WINDOW_START)?;
-                let ends = agg::col_i64(assigned, agg::SESSION_END)?;
+                let starts = crate::columns::int64(assigned, agg::WINDOW_START)?;
+                let ends = crate::columns::int64(assigned, agg::SESSION_END)?;
                 let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
                 for i in 0..assigned.num_rows() {
                     sessions

@@ -39,30 +39,21 @@ use crate::job::aggregate::{
 use crate::job::plan::{self, Cutoff, Input, JobCounts, JobPlan, JobResult, JobState};
 use crate::job::spec::{JobKind, JobSpec, LatePolicy};
 use crate::lease::Lease;
+use crate::names;
 use crate::runlog::{self, JobEntry};
-use crate::runner::ingest::bronze_path;
 use crate::runner::read;
 use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, MergeSpec, Warehouse};
 use crate::sink::late;
 use crate::time::window::WindowSpec;
-use crate::time::Micros;
-
-/// Application id of a job's gold commits.
-pub fn app_id(job: &str) -> String {
-    format!("kestrel-job-{job}")
-}
+use crate::time::{micros, Micros};
 
 /// Partition column of gold tables of windowed jobs.
 pub const GOLD_PARTITION: &str = "window_date";
 
 pub(super) fn now_us() -> Micros {
     Utc::now().timestamp_micros()
-}
-
-pub(super) fn micros(d: std::time::Duration) -> Micros {
-    i64::try_from(d.as_micros()).unwrap_or(Micros::MAX)
 }
 
 /// What one run did for one job.
@@ -194,9 +185,9 @@ pub(super) fn gold_marker(spec: &JobSpec) -> (String, String) {
     match &spec.kind {
         JobKind::Stockout { availability_table } => (
             availability_table.clone(),
-            format!("{}-availability", app_id(&spec.name)),
+            names::app::availability(&spec.name),
         ),
-        _ => (spec.table.clone(), app_id(&spec.name)),
+        _ => (spec.table.clone(), names::app::job(&spec.name)),
     }
 }
 
@@ -252,7 +243,7 @@ impl JobRunner {
             ..Default::default()
         };
         let mut lease =
-            Lease::acquire(&self.wh, &format!("job-{}", spec.name), self.lease_ttl).await?;
+            Lease::acquire(&self.wh, &names::lease::job(&spec.name), self.lease_ttl).await?;
         let result = self.run_batches(spec, &mut lease, &mut report).await;
         if result.is_ok() && !report.batches.is_empty() {
             self.compact_open(spec).await;
@@ -267,10 +258,10 @@ impl JobRunner {
     /// gold tables, its late ledger and the run log. A failure is logged, not fatal.
     async fn compact_open(&self, spec: &JobSpec) {
         let mut tables = crate::ops::status::gold_tables(spec);
-        tables.push(late::table_path(&spec.name));
-        tables.push(runlog::TABLE.to_string());
+        tables.push(names::table::late(&spec.name));
+        tables.push(names::table::RUNS.to_string());
         for table in tables {
-            let bookkeeping = table == runlog::TABLE;
+            let bookkeeping = table == names::table::RUNS;
             let done =
                 compact::open_partitions(&self.wh, &table, &self.open, &[], None, bookkeeping)
                     .await;
@@ -347,7 +338,7 @@ impl JobRunner {
             .await?
             .map(|r| r.state)
             .ok_or_else(|| Error::Plan {
-                path: format!("_kestrel/plans/job/{}/{:020}.result.json", spec.name, n - 1),
+                path: names::key::job_plan(&spec.name, n - 1, "result"),
                 reason: "missing: the job's history is incomplete".into(),
             })
     }
@@ -370,7 +361,7 @@ impl JobRunner {
             any |= upto > after;
             let bronze_version = if upto > after {
                 self.wh
-                    .open(&bronze_path(s))
+                    .open(&names::table::bronze(s))
                     .await?
                     .and_then(|t| t.version())
                     .map(|v| v as i64)
@@ -483,23 +474,23 @@ impl JobRunner {
     }
 
     async fn append_late(&self, spec: &JobSpec, rows: &RecordBatch, n: i64) -> Result<()> {
-        let path = late::table_path(&spec.name);
+        let path = names::table::late(&spec.name);
         let table = self
             .wh
             .open_or_create(&path, &rows.schema(), &[late::PARTITION])
             .await?;
-        let app = late::app_id(&spec.name);
-        if delta::txn_version(&table, &app).await?.unwrap_or(0) >= n {
-            return Ok(());
-        }
-        delta::append(table, vec![rows.clone()], &[late::PARTITION], &app, n).await?;
+        let app = names::app::late(&spec.name);
+        delta::commit_once(table, &app, n, |t| {
+            delta::append(t, vec![rows.clone()], &[late::PARTITION], &app, n)
+        })
+        .await?;
         Ok(())
     }
 
     /// Whether `table` holds the commit of batch `n` by `app`.
     async fn committed(&self, table: &str, app: &str, n: i64) -> Result<bool> {
         Ok(match self.wh.open(table).await? {
-            Some(t) => delta::txn_version(&t, app).await?.unwrap_or(0) >= n,
+            Some(t) => delta::holds(&t, app, n).await?,
             None => false,
         })
     }
@@ -540,7 +531,7 @@ impl JobRunner {
 
     async fn merge_gold_once(&self, spec: &JobSpec, out: &GoldRows, n: i64) -> Result<Option<i64>> {
         let (table, out) = self.open_gold(out.clone()).await?;
-        if delta::txn_version(&table, &out.app).await?.unwrap_or(0) >= n {
+        if delta::holds(&table, &out.app, n).await? {
             return Ok(None);
         }
         fault::pause("job_before_gold_commit").await;
@@ -639,7 +630,7 @@ impl JobRunner {
             .collect();
         GoldRows {
             table: spec.table.clone(),
-            app: app_id(&spec.name),
+            app: names::app::job(&spec.name),
             keys,
             schema,
             rows,
@@ -665,7 +656,7 @@ impl JobRunner {
         let schema = self.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
-        let bronze = self.wh.open(&bronze_path(source)).await?;
+        let bronze = self.wh.open(&names::table::bronze(source)).await?;
         let ctx = match &bronze {
             Some(t) => Some(delta::session_with(t, "bronze").await?),
             None => None,

@@ -31,6 +31,7 @@ use arrow::ipc::writer::StreamWriter;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::names;
 use crate::sink::delta::Warehouse;
 use crate::source::dedup::DedupSet;
 use crate::time::Micros;
@@ -83,15 +84,6 @@ pub struct Saved {
     pub chunks_written: usize,
     /// Ids the checkpoint covers.
     pub ids: usize,
-}
-
-/// Object key of a stream's manifest for `source`.
-pub fn key(job: &str, source: &str) -> String {
-    format!("_kestrel/state/{job}/{source}.ckpt")
-}
-
-fn chunk_key(job: &str, source: &str, hour: Micros) -> String {
-    format!("_kestrel/state/{job}/{source}/{hour}.ids")
 }
 
 /// One hour's ids as an Arrow IPC stream of (hi, lo).
@@ -207,14 +199,14 @@ pub fn prepare(header: &Header, set: &DedupSet, written: &Written) -> Result<Pre
             continue;
         }
         puts.push((
-            chunk_key(&header.job, &header.source, *hour),
+            names::key::checkpoint_ids(&header.job, &header.source, *hour),
             encode_chunk(&set.hour_ids(*hour))?,
         ));
         next.insert(*hour, *n);
     }
     let chunks = puts.len();
     puts.push((
-        key(&header.job, &header.source),
+        names::key::checkpoint(&header.job, &header.source),
         encode_manifest(&Manifest {
             header: header.clone(),
             chunks: counts.clone(),
@@ -227,7 +219,7 @@ pub fn prepare(header: &Header, set: &DedupSet, written: &Written) -> Result<Pre
         .collect();
     let deletes = gone
         .iter()
-        .map(|h| chunk_key(&header.job, &header.source, *h))
+        .map(|h| names::key::checkpoint_ids(&header.job, &header.source, *h))
         .collect();
     for h in gone {
         next.remove(&h);
@@ -283,7 +275,7 @@ pub async fn load(
     source: &str,
     ttl: std::time::Duration,
 ) -> Result<Option<Loaded>> {
-    let k = key(job, source);
+    let k = names::key::checkpoint(job, source);
     let Some(bytes) = wh.loc.get_opt(&k).await? else {
         return Ok(None);
     };
@@ -291,7 +283,7 @@ pub async fn load(
     let mut hours = Vec::with_capacity(m.chunks.len());
     let mut written = Written::new();
     for (hour, n) in &m.chunks {
-        let ck = chunk_key(job, source, *hour);
+        let ck = names::key::checkpoint_ids(job, source, *hour);
         let what = wh.loc.display(&ck);
         let bytes = wh.loc.get_opt(&ck).await?.ok_or_else(|| Error::Plan {
             path: what.clone(),

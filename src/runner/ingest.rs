@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::fault;
 use crate::lease::Lease;
 use crate::ledger::{self, FileAction, FileOutcome, Plan, PlannedFile};
+use crate::names;
 use crate::runlog::{self, IngestEntry};
 use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::sink::compact;
@@ -43,16 +44,6 @@ use crate::source::dedup::{id_hash, DedupSet};
 use crate::source::discover::{self, LandedFile};
 use crate::source::validate::FileContext;
 use crate::storage::Location;
-
-/// Table path of a source's bronze table.
-pub fn bronze_path(source: &str) -> String {
-    format!("bronze/{source}")
-}
-
-/// Application id of a source's bronze and quarantine commits.
-pub fn app_id(source: &str) -> String {
-    format!("kestrel-ingest-{source}")
-}
 
 /// Options of one ingestion run.
 #[derive(Debug, Clone, Default)]
@@ -198,7 +189,7 @@ impl Ingestor {
             None => (DedupSet::new(ttl), None),
         };
         let mut read = 0usize;
-        let bronze = self.wh.open(&bronze_path(source)).await?;
+        let bronze = self.wh.open(&names::table::bronze(source)).await?;
         if let (Some(bronze), true) = (bronze, completed > after.unwrap_or(0)) {
             let ctx = delta::session_with(&bronze, "bronze").await?;
             let filter = match after {
@@ -214,7 +205,7 @@ impl Ingestor {
                     newest
                         .first()
                         .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
-                        .map(|b| delta::col_i64(b, 0).map(|c| c.value(0)))
+                        .map(|b| crate::columns::int64_at(b, 0).map(|c| c.value(0)))
                         .transpose()?
                         .map(|newest| {
                             let from = newest - set.ttl() - 3_600_000_000;
@@ -231,8 +222,8 @@ impl Ingestor {
                 )
                 .await?;
                 for b in &rows {
-                    let ids = delta::col_str(b, 0)?;
-                    let landed = delta::col_i64(b, 1)?;
+                    let ids = crate::columns::string_at(b, 0)?;
+                    let landed = crate::columns::int64_at(b, 1)?;
                     for i in 0..b.num_rows() {
                         if ids.is_valid(i) {
                             set.insert(ids.value(i), landed.value(i));
@@ -311,19 +302,19 @@ impl Ingestor {
             .flat_map(|s| s.bronze.fields().iter().map(|f| f.name().as_str()));
         let tables = [
             (
-                bronze_path(source),
+                names::table::bronze(source),
                 &[][..],
                 Some(delta::bronze_writer_properties(columns)),
                 false,
             ),
-            (quarantine::table_path(source), &[], None, false),
+            (names::table::quarantine(source), &[], None, false),
             (
-                ledger::TABLE.to_string(),
+                names::table::LEDGER.to_string(),
                 own,
                 Some(ledger::writer_properties()),
                 true,
             ),
-            (runlog::TABLE.to_string(), &[], None, true),
+            (names::table::RUNS.to_string(), &[], None, true),
         ];
         for (table, only, props, bookkeeping) in tables {
             let done =
@@ -494,7 +485,7 @@ impl Ingestor {
         let source = plan.source.as_str();
         let n = plan.batch_id;
         let ingested_at = now_us();
-        let app = app_id(source);
+        let app = names::app::ingest(source);
 
         // 2. decode + validate
         let bar = progress(plan.files.len() as u64, &format!("{source} batch {n}"));
@@ -583,7 +574,7 @@ impl Ingestor {
         // dedup, then 3. bronze
         let bronze = self
             .wh
-            .open_or_create(&bronze_path(source), &schema.bronze, &[EVENT_DATE])
+            .open_or_create(&names::table::bronze(source), &schema.bronze, &[EVENT_DATE])
             .await?;
         let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
         let t_dedup = Instant::now();
@@ -607,7 +598,7 @@ impl Ingestor {
         let rows_written: i64 = deduped.iter().map(|b| b.num_rows() as i64).sum();
         let duplicates = valid - rows_written;
         let mut bronze_version = None;
-        let bronze_done = delta::txn_version(&bronze, &app).await?.unwrap_or(0) >= n;
+        let bronze_done = delta::holds(&bronze, &app, n).await?;
         if bronze_done {
             info!(
                 source,
@@ -629,11 +620,9 @@ impl Ingestor {
         if let Some(qb) = quarantine.finish()? {
             let q = self
                 .wh
-                .open_or_create(&quarantine::table_path(source), &quarantine::SCHEMA, &[])
+                .open_or_create(&names::table::quarantine(source), &quarantine::SCHEMA, &[])
                 .await?;
-            if delta::txn_version(&q, &app).await?.unwrap_or(0) < n {
-                delta::append(q, vec![qb], &[], &app, n).await?;
-            }
+            delta::commit_once(q, &app, n, |q| delta::append(q, vec![qb], &[], &app, n)).await?;
         }
         fault::point("after_quarantine");
 
@@ -901,10 +890,4 @@ async fn dedup(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn date_literals() {}
 }

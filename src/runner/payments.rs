@@ -18,15 +18,16 @@ use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{col, lit, SessionContext};
 
-use super::batch::{micros, now_us, take_new_rows, Computed, JobRunner};
+use super::batch::{now_us, take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate as agg;
 use crate::job::payments::{self as pay, Stamp, Touches};
 use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
-use crate::runner::ingest::bronze_path;
+use crate::names;
 use crate::runner::read;
 use crate::sink::{delta, late};
+use crate::time::micros;
 
 /// Name of a source's bronze table in the batch's session (and a backfill's).
 pub(super) fn table(source: &str) -> String {
@@ -43,7 +44,7 @@ impl JobRunner {
     pub(super) async fn payments_session(&self, spec: &JobSpec) -> Result<SessionContext> {
         let ctx = delta::session();
         for s in &spec.sources {
-            match self.wh.open(&bronze_path(s)).await? {
+            match self.wh.open(&names::table::bronze(s)).await? {
                 Some(t) => delta::register(&ctx, &t, &table(s)).await?,
                 None => {
                     let schema = self.source_schema(s)?.bronze.clone();

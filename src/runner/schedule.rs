@@ -382,7 +382,7 @@ impl Daemon {
 
     /// The live stream that owns `job`, if any.
     async fn streamed(&self, job: &JobSpec) -> Result<Option<String>> {
-        let lease = crate::runner::stream::lease_name(&job.name);
+        let lease = crate::names::lease::stream(&job.name);
         Lease::live_holder(self.ing.warehouse(), &lease).await
     }
 

@@ -16,15 +16,16 @@ use arrow::array::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::col;
 
-use super::batch::{app_id, micros, now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
+use super::batch::{now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
 use crate::job::aggregate as agg;
 use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::JobSpec;
 use crate::job::stockout::{self as so, AlertChanges, Event, SkuState, Start};
-use crate::runner::ingest::bronze_path;
+use crate::names;
 use crate::runner::read;
 use crate::sink::{delta, late};
+use crate::time::micros;
 use crate::time::Micros;
 
 const MINUTE: Micros = 60_000_000;
@@ -51,7 +52,7 @@ impl JobRunner {
         let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
         let now = now_us();
-        let ctx = match self.wh.open(&bronze_path(source)).await? {
+        let ctx = match self.wh.open(&names::table::bronze(source)).await? {
             Some(t) => Some(delta::session_with(&t, "bronze").await?),
             None => None,
         };
@@ -282,7 +283,7 @@ impl JobRunner {
             alerts_out,
             GoldRows {
                 table: availability_table.to_string(),
-                app: format!("{}-availability", app_id(&spec.name)),
+                app: names::app::availability(&spec.name),
                 keys: vec![("sku".to_string(), false)],
                 schema: so::availability_schema(),
                 rows: vec![availability],

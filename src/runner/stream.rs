@@ -30,16 +30,12 @@ use tracing::warn;
 use crate::error::{Error, Result};
 use crate::job::spec::JobSpec;
 use crate::lease::Lease;
+use crate::names;
 use crate::runner::batch::JobRunner;
 use crate::runner::checkpoint as ckpt;
 use crate::runner::ingest::{DedupLoad, Ingestor};
 pub use crate::runner::StopFlag;
 use crate::time::Micros;
-
-/// Name of the lease a stream holds for `job`.
-pub fn lease_name(job: &str) -> String {
-    format!("stream-{job}")
-}
 
 /// How the stream runs.
 #[derive(Debug, Clone)]
@@ -176,7 +172,7 @@ pub async fn run(
     mut report: impl FnMut(&PollReport),
 ) -> Result<StreamSummary> {
     let wh = ing.warehouse();
-    let mut lease = Lease::acquire(wh, &lease_name(&spec.name), opts.lease_ttl).await?;
+    let mut lease = Lease::acquire(wh, &names::lease::stream(&spec.name), opts.lease_ttl).await?;
     let result = async {
         let mut loads = Vec::new();
         let mut positions = Positions(BTreeMap::new());

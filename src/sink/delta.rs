@@ -223,6 +223,34 @@ async fn txn_version_inner(table: &DeltaTable, app_id: &str) -> Result<Option<i6
     super::txn::version(table, app_id).await
 }
 
+/// Whether `table` holds the commit of `(app_id, version)`: its last recorded version of
+/// `app_id` is at least `version` (a writer's versions only grow, so equal or higher
+/// means this batch, or a later one, is in).
+pub async fn holds(table: &DeltaTable, app_id: &str, version: i64) -> Result<bool> {
+    Ok(txn_version(table, app_id).await?.unwrap_or(0) >= version)
+}
+
+/// The one shape of an exactly-once commit: run `commit` on `table` unless the table
+/// already holds `(app_id, version)` (a replay after a crash, or another process that
+/// committed this batch first). `commit` must carry that transaction itself (it is handed
+/// the table, not the txn, so appends, MERGEs and evolving appends all fit). Returns what
+/// `commit` returned, or None when the batch was already there.
+pub async fn commit_once<T, F, Fut>(
+    table: DeltaTable,
+    app_id: &str,
+    version: i64,
+    commit: F,
+) -> Result<Option<T>>
+where
+    F: FnOnce(DeltaTable) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    if holds(&table, app_id, version).await? {
+        return Ok(None);
+    }
+    commit(table).await.map(Some)
+}
+
 /// Commit properties carrying an application transaction.
 pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
     commit_props().with_application_transaction(Transaction::new(app_id, version))
@@ -460,24 +488,6 @@ async fn sql_inner(ctx: &SessionContext, query: &str) -> Result<Vec<RecordBatch>
 /// Number of rows over batches.
 pub fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(|b| b.num_rows()).sum()
-}
-
-/// Column `i` of a query result as a Utf8 array (DataFusion may hand back Utf8View).
-pub fn col_str(b: &RecordBatch, i: usize) -> Result<arrow::array::StringArray> {
-    let a = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Utf8)?;
-    a.as_any()
-        .downcast_ref::<arrow::array::StringArray>()
-        .cloned()
-        .ok_or_else(|| Error::Other(format!("column {i} is not a string column")))
-}
-
-/// Column `i` of a query result as an Int64 array.
-pub fn col_i64(b: &RecordBatch, i: usize) -> Result<arrow::array::Int64Array> {
-    let a = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Int64)?;
-    a.as_any()
-        .downcast_ref::<arrow::array::Int64Array>()
-        .cloned()
-        .ok_or_else(|| Error::Other(format!("column {i} is not an integer column")))
 }
 
 /// How to MERGE rows into a keyed table with target-side pruning.

@@ -11,16 +11,6 @@ use crate::error::Result;
 use crate::schema::{ts_type, EVENT_DATE};
 use crate::time::Micros;
 
-/// Table path of a job's late ledger.
-pub fn table_path(job: &str) -> String {
-    format!("late/{job}")
-}
-
-/// Application id of a job's late-ledger commits.
-pub fn app_id(job: &str) -> String {
-    format!("kestrel-late-{job}")
-}
-
 /// Partition column.
 pub const PARTITION: &str = EVENT_DATE;
 

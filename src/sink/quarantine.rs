@@ -24,11 +24,6 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-/// Table path of a source's quarantine.
-pub fn table_path(source: &str) -> String {
-    format!("quarantine/{source}")
-}
-
 /// Collects quarantine rows for one batch.
 #[derive(Default)]
 pub struct QuarantineBuilder {

@@ -7,6 +7,12 @@ pub mod window;
 /// Microseconds since the Unix epoch, UTC (the unit of every event time here).
 pub type Micros = i64;
 
+/// A duration in microseconds (saturating: a configured duration beyond 292k years is
+/// "forever").
+pub fn micros(d: std::time::Duration) -> Micros {
+    i64::try_from(d.as_micros()).unwrap_or(Micros::MAX)
+}
+
 /// `us` as RFC 3339 in UTC to the second, e.g. `2025-11-20T12:00:00Z` (the number itself
 /// if out of range).
 pub fn iso(us: Micros) -> String {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Micros;
+use super::{micros, Micros};
 
 /// A window specification.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,10 +14,6 @@ pub enum WindowSpec {
     Sliding { size: Micros, slide: Micros },
     /// Per key: a gap of at least `gap` between consecutive events starts a new session.
     Session { gap: Micros },
-}
-
-fn micros(d: Duration) -> Micros {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl WindowSpec {

@@ -110,7 +110,7 @@ async fn first_row(wh: &Warehouse, table: &str, sql: &str) -> Vec<i64> {
     let ctx = delta::session_with(&t, "t").await.unwrap();
     let rows = delta::sql(&ctx, sql).await.unwrap();
     (0..rows[0].num_columns())
-        .map(|i| delta::col_i64(&rows[0], i).unwrap().value(0))
+        .map(|i| kestrel::columns::int64_at(&rows[0], i).unwrap().value(0))
         .collect()
 }
 
