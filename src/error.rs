@@ -73,6 +73,14 @@ pub enum Error {
     #[error("batch plan {path}: {reason}")]
     Plan { path: String, reason: String },
 
+    /// A job named on the command line that no job file defines.
+    #[error("unknown job `{name}` (known: {known})")]
+    UnknownJob { name: String, known: String },
+
+    /// A source named on the command line that no schema defines (or the config leaves out).
+    #[error("unknown source `{name}` (known: {known})")]
+    UnknownSource { name: String, known: String },
+
     /// Rows without a column their reader needs, or of another type.
     #[error(transparent)]
     Column(#[from] crate::columns::ColumnError),

@@ -90,6 +90,13 @@ impl Lease {
         )))
     }
 
+    /// Who runs `job` always-on right now (the live holder of its stream lease), if
+    /// anyone but this process: `run`, `schedule`, `backfill` and `maintain` leave such a
+    /// job's tables and sources to the stream.
+    pub async fn stream_owner(wh: &Warehouse, job: &str) -> Result<Option<String>> {
+        Self::live_holder(wh, &crate::names::lease::stream(job)).await
+    }
+
     /// The owner of lease `name` if another live process holds it (unexpired, and not a
     /// dead process on this host); None when it is free or ours.
     pub async fn live_holder(wh: &Warehouse, name: &str) -> Result<Option<String>> {

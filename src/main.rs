@@ -9,8 +9,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use kestrel::app::App;
 use kestrel::config::Config;
-use kestrel::runner::batch::{JobReport, JobRunner};
+use kestrel::runner::batch::JobReport;
 use kestrel::runner::ingest::{IngestOptions, Ingestor, SourceReport};
 
 #[derive(Parser)]
@@ -172,19 +173,6 @@ enum Cmd {
     },
 }
 
-/// The job called `name`, or an error listing the known ones.
-fn find_job<'a>(
-    jobs: &'a std::collections::BTreeMap<String, kestrel::job::spec::JobSpec>,
-    name: &str,
-) -> anyhow::Result<&'a kestrel::job::spec::JobSpec> {
-    jobs.get(name).ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown job `{name}` (known: {})",
-            jobs.keys().cloned().collect::<Vec<_>>().join(", ")
-        )
-    })
-}
-
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn,deltalake_core=error,deltalake=error,buoyant_kernel=off",
@@ -327,84 +315,18 @@ async fn run(
     full_scan: bool,
 ) -> anyhow::Result<ExitCode> {
     // Job definitions are validated up front: a bad job file fails the run before any work.
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    for j in &only_jobs {
-        find_job(&all_jobs, j)?;
-    }
-    let lease_ttl = cfg.ingest.lease_ttl;
-    let open = cfg.maintain.open_compaction();
-    let ing = Ingestor::with_schemas(
-        cfg,
-        schemas.clone(),
-        IngestOptions {
-            full_scan,
-            ..Default::default()
-        },
-    )?;
-    let all = ing.sources()?;
-    let sources: Vec<String> = if only.is_empty() {
-        all
-    } else {
-        for s in &only {
-            anyhow::ensure!(
-                all.contains(s),
-                "unknown source `{s}` (known: {})",
-                all.join(", ")
-            );
-        }
-        only
+    let opts = IngestOptions {
+        full_scan,
+        ..Default::default()
     };
-    // Jobs run always-on by `kestrel stream` own their sources while the stream runs.
-    let mut streamed: Vec<(String, String)> = Vec::new(); // (job, owner)
-    for name in all_jobs.keys() {
-        let lease = kestrel::names::lease::stream(name);
-        if let Some(owner) = kestrel::lease::Lease::live_holder(ing.warehouse(), &lease).await? {
-            streamed.push((name.clone(), owner));
-        }
+    let app = App::load(cfg, opts).await?;
+    let out = app.run(&only, &only_jobs).await?;
+    for (source, job, owner) in &out.left_to_streams {
+        println!("{source}: left to the running stream of {job} ({owner})");
     }
-    let owned_by_stream = |source: &str| {
-        streamed
-            .iter()
-            .find(|(j, _)| all_jobs[j].sources.iter().any(|s| s == source))
-    };
-    let mut reports: Vec<SourceReport> = Vec::new();
-    let mut failures: Vec<String> = Vec::new();
-    for s in &sources {
-        if let Some((job, owner)) = owned_by_stream(s) {
-            println!("{s}: left to the running stream of {job} ({owner})");
-            continue;
-        }
-        match ing.ingest_source(s).await {
-            Ok(r) => reports.push(r),
-            Err(e) => failures.push(format!("{s}: {e}")),
-        }
-    }
-    print_summary(&reports);
-    // Jobs consume only completed ingestion batches, so they run even when a source
-    // failed to ingest; every failure is reported at the end.
-    let mut job_failures: Vec<String> = Vec::new();
-    let runner =
-        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
-    let mut job_reports: Vec<JobReport> = Vec::new();
-    for (name, spec) in &all_jobs {
-        if !only_jobs.is_empty() && !only_jobs.contains(name) {
-            continue;
-        }
-        if let Some((_, owner)) = streamed.iter().find(|(j, _)| j == name) {
-            job_reports.push(JobReport {
-                job: name.clone(),
-                skipped: Some(format!("running always-on in a stream ({owner})")),
-                ..Default::default()
-            });
-            continue;
-        }
-        match runner.run_job(spec).await {
-            Ok(r) => job_reports.push(r),
-            Err(e) => job_failures.push(format!("{name}: {e}")),
-        }
-    }
-    print_job_summary(&job_reports);
+    print_summary(&out.sources);
+    print_job_summary(&out.jobs);
+    let (failures, job_failures) = (&out.ingest_failures, &out.job_failures);
     match (failures.is_empty(), job_failures.is_empty()) {
         (true, true) => {}
         (false, true) => anyhow::bail!("ingestion failed for {}", failures.join("; ")),
@@ -415,7 +337,8 @@ async fn run(
             job_failures.join("; ")
         ),
     }
-    let bad_files: i64 = reports
+    let bad_files: i64 = out
+        .sources
         .iter()
         .map(|r| r.files_rejected() + r.files_changed())
         .sum();
@@ -491,24 +414,19 @@ async fn stream(
     let interval = kestrel::config::parse_duration(&interval)
         .map_err(|e| anyhow::anyhow!("--interval: expected a duration such as 1s ({e})"))?;
     anyhow::ensure!(!interval.is_zero(), "--interval must be positive");
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let spec = find_job(&jobs, &job)?.clone();
-    anyhow::ensure!(
-        matches!(spec.kind, kestrel::job::spec::JobKind::Stockout { .. }),
-        "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
-    );
     let lease_ttl = cfg.ingest.lease_ttl;
-    let open = cfg.maintain.open_compaction();
     let maintain = maintain_every.map(|every| {
         (
             every,
             kestrel::ops::maintain::MaintainOptions::from_config(&cfg),
         )
     });
-    let ing = Ingestor::with_schemas(cfg, schemas.clone(), IngestOptions::default())?;
-    let runner =
-        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
+    let app = App::load(cfg, IngestOptions::default()).await?;
+    let spec = app.job(&job)?.clone();
+    anyhow::ensure!(
+        matches!(spec.kind, kestrel::job::spec::JobKind::Stockout { .. }),
+        "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
+    );
     let stop = stop_on_signal("after the current poll");
     let opts = StreamOptions {
         interval,
@@ -520,7 +438,7 @@ async fn stream(
         ..Default::default()
     };
     println!("streaming {job} every {interval:?}; SIGTERM or Ctrl-C stops it cleanly");
-    let summary = stream::run(&ing, &runner, &spec, &opts, &stop, |r| {
+    let summary = stream::run(&app.ingestor, &app.runner, &spec, &opts, &stop, |r| {
         let ts = chrono::Utc::now().format("%H:%M:%S");
         if r.files > 0 || r.job_batches > 0 {
             let w = r.watermark.map_or("-".into(), kestrel::time::iso);
@@ -588,19 +506,11 @@ async fn status(
                 .map_err(|e| anyhow::anyhow!("--max-age: expected a duration such as 15m ({e})"))
         })
         .transpose()?;
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    for j in &only_jobs {
-        find_job(&all_jobs, j)?;
-    }
-    let jobs: Vec<&kestrel::job::spec::JobSpec> = all_jobs
-        .values()
-        .filter(|j| only_jobs.is_empty() || only_jobs.contains(&j.name))
-        .collect();
-    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
-    let sources = ing.sources()?;
+    let app = App::load(cfg, IngestOptions::default()).await?;
+    let jobs = app.select_jobs(&only_jobs)?;
+    let sources = app.select_sources(&[])?;
     let now = chrono::Utc::now().timestamp_micros();
-    let st = status::collect(ing.warehouse(), &sources, &jobs, now).await?;
+    let st = status::collect(app.warehouse(), &sources, &jobs, now).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&st)?);
     } else {
@@ -703,32 +613,19 @@ async fn schedule(mut cfg: Config, http: Option<String>, wait: bool) -> anyhow::
         })?;
         cfg.schedule.http = Some(addr);
     }
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let jobs: Vec<kestrel::job::spec::JobSpec> =
-        kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas)
-            .await?
-            .into_values()
-            .collect();
     let stop = stop_on_signal("after the running batches");
     let opts = ScheduleOptions {
         config: cfg.schedule.clone(),
         maintain: kestrel::ops::maintain::MaintainOptions::from_config(&cfg),
         wait,
     };
-    let lease_ttl = cfg.ingest.lease_ttl;
-    let open = cfg.maintain.open_compaction();
-    let ing = Ingestor::with_schemas(
-        cfg,
-        schemas.clone(),
-        IngestOptions {
-            stop: Some(stop.clone()),
-            ..Default::default()
-        },
-    )?;
-    let runner = JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl)
-        .with_open_compaction(open)
-        .with_stop(stop.clone());
-    let daemon = Daemon::new(ing, runner, jobs, opts, stop, |e| {
+    let ingest = IngestOptions {
+        stop: Some(stop.clone()),
+        ..Default::default()
+    };
+    let app = App::load(cfg, ingest).await?;
+    let jobs = app.jobs.into_values().collect();
+    let daemon = Daemon::new(app.ingestor, app.runner, jobs, opts, stop, |e| {
         let ts = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");
         match e {
             Event::Started { owner, http, tasks } => {
@@ -787,22 +684,14 @@ async fn backfill(
     let from = parse_date(&from).map_err(|e| anyhow::anyhow!("--from: {e}"))?;
     let to = parse_date(&to).map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     anyhow::ensure!(from <= to, "--from must not be after --to");
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let spec = find_job(&jobs, &job)?.clone();
     let stop = stop_on_signal("after the current day");
-    let lease_ttl = cfg.ingest.lease_ttl;
-    let open = cfg.maintain.open_compaction();
-    let ing = Ingestor::with_schemas(
-        cfg,
-        schemas.clone(),
-        IngestOptions {
-            full_scan: reingest,
-            stop: Some(stop.clone()),
-        },
-    )?;
-    let runner =
-        JobRunner::new(ing.warehouse().clone(), schemas, lease_ttl).with_open_compaction(open);
+    let ingest = IngestOptions {
+        full_scan: reingest,
+        stop: Some(stop.clone()),
+    };
+    let app = App::load(cfg, ingest).await?;
+    let spec = app.job(&job)?.clone();
+    let (ing, runner) = (&app.ingestor, &app.runner);
     if reingest {
         // Files never ingested land in bronze, and the job consumes them (too-late rows
         // go to its late ledger as usual) before the restatement reads what it consumed.
@@ -975,21 +864,19 @@ async fn maintain(
         cfg.maintain.retention = kestrel::config::parse_duration(&r)
             .map_err(|e| anyhow::anyhow!("--retention: expected a duration such as 7d ({e})"))?;
     }
-    let schemas = kestrel::schema::load_all(&cfg.schemas_dir)?;
-    let all_jobs = kestrel::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
-    let jobs: Vec<kestrel::job::spec::JobSpec> = all_jobs.into_values().collect();
     let opts = maintain::MaintainOptions {
         no_compact,
         no_vacuum,
         ..maintain::MaintainOptions::from_config(&cfg)
     };
-    let ing = Ingestor::with_schemas(cfg, schemas, IngestOptions::default())?;
-    let sources = ing.sources()?;
+    let app = App::load(cfg, IngestOptions::default()).await?;
+    let jobs: Vec<kestrel::job::spec::JobSpec> = app.jobs.values().cloned().collect();
+    let sources = app.select_sources(&[])?;
     let bar = progress_bar(
         jobs.len() as u64 * 2 + sources.len() as u64 * 2 + 2,
         "maintain",
     );
-    let report = maintain::run(ing.warehouse(), &sources, &jobs, &opts, |t| {
+    let report = maintain::run(app.warehouse(), &sources, &jobs, &opts, |t| {
         bar.set_message(t.table.clone());
         bar.inc(1);
     })

@@ -118,8 +118,7 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
         }
     }
     for spec in jobs {
-        let stream = crate::names::lease::stream(&spec.name);
-        let streamed_by = Lease::live_holder(wh, &stream).await?;
+        let streamed_by = Lease::stream_owner(wh, &spec.name).await?;
         for table in job_tables(spec) {
             out.push(Target {
                 table,

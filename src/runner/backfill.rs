@@ -37,7 +37,7 @@ use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::batch::{now_us, JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
+use super::batch::{JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
 use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
@@ -227,8 +227,7 @@ impl JobRunner {
         opts: &BackfillOptions,
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
-        let stream = names::lease::stream(&spec.name);
-        if let Some(owner) = Lease::live_holder(&self.wh, &stream).await? {
+        if let Some(owner) = Lease::stream_owner(&self.wh, &spec.name).await? {
             return Err(Error::Other(format!(
                 "`{}` runs always-on ({owner}): stop its stream to backfill it",
                 spec.name
@@ -442,7 +441,7 @@ impl JobRunner {
             w_after: input.watermark,
             final_after,
             batch_id: input.as_of_batch,
-            now_us: now_us(),
+            now_us: self.now_us(),
         };
         let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
         let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
@@ -521,7 +520,7 @@ impl JobRunner {
             w_before: None,
             w_after: input.watermark,
             batch_id: input.as_of_batch,
-            now_us: now_us(),
+            now_us: self.now_us(),
         };
         let (out, gold_schema) = match mode {
             PaymentMode::Fast => (
@@ -634,7 +633,7 @@ impl JobRunner {
             }
             None => BTreeMap::new(),
         };
-        let now = now_us();
+        let now = self.now_us();
         let mut changes = so::AlertChanges::default();
         for (sku, evs) in so::events_by_sku(&events)? {
             let begin = start.get(&sku).copied().unwrap_or(Micros::MIN);

@@ -25,7 +25,6 @@ use std::time::Instant;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
-use chrono::Utc;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, SessionContext};
 use deltalake::DeltaTable;
@@ -46,15 +45,12 @@ use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, MergeSpec, Warehouse};
 use crate::sink::late;
+use crate::time::clock::Clock;
 use crate::time::window::WindowSpec;
 use crate::time::{micros, Micros};
 
 /// Partition column of gold tables of windowed jobs.
 pub const GOLD_PARTITION: &str = "window_date";
-
-pub(super) fn now_us() -> Micros {
-    Utc::now().timestamp_micros()
-}
 
 /// What one run did for one job.
 #[derive(Debug, Clone, Default)]
@@ -199,6 +195,7 @@ pub struct JobRunner {
     pub(super) lease_ttl: std::time::Duration,
     stop: Option<super::StopFlag>,
     open: OpenCompaction,
+    clock: Clock,
 }
 
 impl JobRunner {
@@ -215,7 +212,20 @@ impl JobRunner {
             lease_ttl,
             stop: None,
             open: OpenCompaction::default(),
+            clock: Clock::system(),
         }
+    }
+
+    /// Stamp rows and records with `clock`'s processing time (the system clock by
+    /// default; tests set one).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Processing time now, in microseconds.
+    pub(super) fn now_us(&self) -> Micros {
+        self.clock.now_us()
     }
 
     /// Compact crowded open partitions of a job's tables after its batches this way
@@ -383,7 +393,7 @@ impl JobRunner {
         let p = JobPlan {
             job: spec.name.clone(),
             batch_id: n,
-            created_at: Utc::now().to_rfc3339(),
+            created_at: self.clock.now().to_rfc3339(),
             inputs,
         };
         plan::write_plan(&self.wh, &p).await.map(Some)
@@ -396,7 +406,7 @@ impl JobRunner {
         plan: &JobPlan,
         before: JobState,
     ) -> Result<(JobEntry, JobState)> {
-        let started = now_us();
+        let started = self.now_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
         let (marker, marker_app) = gold_marker(spec);
@@ -453,7 +463,7 @@ impl JobRunner {
             job: spec.name.clone(),
             batch_id: n,
             started_at_us: started,
-            finished_at_us: now_us(),
+            finished_at_us: self.now_us(),
             counts,
             rows_written: written,
             status: "ok".into(),
@@ -700,7 +710,7 @@ impl JobRunner {
 
         // 3–4. Touched windows, recomputed from applied bronze rows.
         let mut enc = KeyEncoder::new(&schema, keys)?;
-        let now = now_us();
+        let now = self.now_us();
         let (gold, windows, deleted, corrections) = match window {
             WindowSpec::Session { gap } => {
                 let gap = *gap;

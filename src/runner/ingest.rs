@@ -18,10 +18,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::time::clock::Clock;
+use crate::time::Micros;
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::Date32Type;
-use chrono::Utc;
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::ObjectStoreExt;
@@ -111,10 +112,7 @@ pub struct Ingestor {
     /// The always-on stream's in-memory dedup sets, per source (a source without one
     /// deduplicates against bronze).
     cache: std::sync::Mutex<BTreeMap<String, DedupSet>>,
-}
-
-fn now_us() -> i64 {
-    Utc::now().timestamp_micros()
+    clock: Clock,
 }
 
 impl Ingestor {
@@ -149,7 +147,24 @@ impl Ingestor {
             run_id: uuid::Uuid::new_v4().to_string(),
             opts,
             cache: std::sync::Mutex::new(BTreeMap::new()),
+            clock: Clock::system(),
         })
+    }
+
+    /// Stamp rows and records with `clock`'s processing time (`_ingested_at`, plan,
+    /// ledger and run-log times; the system clock by default).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The processing-time clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    fn now_us(&self) -> Micros {
+        self.clock.now_us()
     }
 
     /// The warehouse.
@@ -462,7 +477,7 @@ impl Ingestor {
         let plan = Plan {
             source: source.to_string(),
             batch_id: n,
-            created_at: Utc::now().to_rfc3339(),
+            created_at: self.clock.now().to_rfc3339(),
             full_scan: full,
             files,
             cursors_after: cursors,
@@ -480,11 +495,11 @@ impl Ingestor {
 
     /// Execute a plan (first time or after a crash).
     async fn execute(&self, plan: &Plan, schema: &Arc<SourceSchema>) -> Result<IngestEntry> {
-        let started = now_us();
+        let started = self.now_us();
         let timer = Instant::now();
         let source = plan.source.as_str();
         let n = plan.batch_id;
-        let ingested_at = now_us();
+        let ingested_at = self.now_us();
         let app = names::app::ingest(source);
 
         // 2. decode + validate
@@ -627,7 +642,7 @@ impl Ingestor {
         fault::point("after_quarantine");
 
         // 4. ledger
-        let rows = ledger::ledger_batch(plan, &outcomes, now_us())?;
+        let rows = ledger::ledger_batch(plan, &outcomes, self.now_us())?;
         ledger::record(&self.wh, source, n, rows).await?;
         fault::point("after_ledger");
 

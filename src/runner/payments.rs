@@ -18,7 +18,7 @@ use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{col, lit, SessionContext};
 
-use super::batch::{now_us, take_new_rows, Computed, JobRunner};
+use super::batch::{take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate as agg;
 use crate::job::payments::{self as pay, Stamp, Touches};
@@ -72,7 +72,7 @@ impl JobRunner {
         let horizon = micros(params.horizon);
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
-        let now = now_us();
+        let now = self.now_us();
         let touch_cols = columns(&["order_id", "event_ts", "_source_partition", "_landed_at"]);
 
         // 1. New rows per source: too-late ones aside, applied ones touch their orders.

@@ -382,8 +382,7 @@ impl Daemon {
 
     /// The live stream that owns `job`, if any.
     async fn streamed(&self, job: &JobSpec) -> Result<Option<String>> {
-        let lease = crate::names::lease::stream(&job.name);
-        Lease::live_holder(self.ing.warehouse(), &lease).await
+        Lease::stream_owner(self.ing.warehouse(), &job.name).await
     }
 
     /// Sources owned by a running stream (its job's sources).

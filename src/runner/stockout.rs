@@ -16,7 +16,7 @@ use arrow::array::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::col;
 
-use super::batch::{now_us, take_new_rows, Computed, GoldRows, JobRunner, NewRows};
+use super::batch::{take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
 use crate::job::aggregate as agg;
 use crate::job::plan::{JobCounts, JobPlan, JobState};
@@ -51,7 +51,7 @@ impl JobRunner {
         let bronze = self.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
-        let now = now_us();
+        let now = self.now_us();
         let ctx = match self.wh.open(&names::table::bronze(source)).await? {
             Some(t) => Some(delta::session_with(&t, "bronze").await?),
             None => None,

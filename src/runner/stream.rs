@@ -141,7 +141,7 @@ async fn checkpoint(
             job: spec.name.clone(),
             source: source.clone(),
             seq: *seq,
-            created_at_us: chrono::Utc::now().timestamp_micros(),
+            created_at_us: ing.clock().now_us(),
             position: *now,
             ttl_s: 0,
         };
@@ -276,7 +276,7 @@ async fn poll_loop(
                 if r.job_batches > 0 {
                     r.lag_s = j
                         .newest_landed
-                        .map(|l| (chrono::Utc::now().timestamp_micros() - l) as f64 / 1e6);
+                        .map(|l| (ing.clock().now_us() - l) as f64 / 1e6);
                 }
             }
             Err(e @ Error::LeaseHeld { .. }) => warnings.push(e.to_string()),

@@ -1,6 +1,7 @@
 //! Event-time semantics, pure (no I/O): watermarks with idleness, window assignment.
 //! Shared by micro-batch, backfill and always-on runs.
 
+pub mod clock;
 pub mod watermark;
 pub mod window;
 

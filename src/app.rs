@@ -1,0 +1,162 @@
+//! The application a command works with, built once per process from the config:
+//! source schemas, job definitions (all validated before any work), the ingestor and
+//! the job runner; and the orchestration `kestrel run` performs (which sources and jobs
+//! a running stream owns, ingest, then jobs, every failure collected). The CLI parses,
+//! calls in here and prints; the scheduler and the stream take the same parts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::job::spec::JobSpec;
+use crate::lease::Lease;
+use crate::runner::batch::{JobReport, JobRunner};
+use crate::runner::ingest::{IngestOptions, Ingestor, SourceReport};
+use crate::schema::SourceSchema;
+use crate::sink::delta::Warehouse;
+use crate::time::clock::Clock;
+
+/// Config, schemas, jobs, ingestor and runner of one process.
+pub struct App {
+    pub schemas: BTreeMap<String, Arc<SourceSchema>>,
+    pub jobs: BTreeMap<String, JobSpec>,
+    pub ingestor: Ingestor,
+    pub runner: JobRunner,
+}
+
+/// What one `run` did: per source and per job, and what failed (a failed source does
+/// not stop the jobs: they consume only completed ingestion batches).
+#[derive(Debug, Default)]
+pub struct RunOutcome {
+    pub sources: Vec<SourceReport>,
+    /// Sources skipped because a running stream owns them: (source, job, owner).
+    pub left_to_streams: Vec<(String, String, String)>,
+    pub jobs: Vec<JobReport>,
+    /// `source: error`, one per failed source.
+    pub ingest_failures: Vec<String>,
+    /// `job: error`, one per failed job.
+    pub job_failures: Vec<String>,
+}
+
+impl App {
+    /// Load the schemas and every job file, then build the ingestor (with `ingest`) and
+    /// the job runner (with the config's lease TTL, open-day compaction and, when
+    /// `ingest` has one, the same stop flag).
+    pub async fn load(cfg: Config, ingest: IngestOptions) -> Result<App> {
+        let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
+        let jobs = crate::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+        let lease_ttl = cfg.ingest.lease_ttl;
+        let open = cfg.maintain.open_compaction();
+        let stop = ingest.stop.clone();
+        let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?;
+        let mut runner = JobRunner::new(ingestor.warehouse().clone(), schemas.clone(), lease_ttl)
+            .with_open_compaction(open);
+        if let Some(stop) = stop {
+            runner = runner.with_stop(stop);
+        }
+        Ok(App {
+            schemas,
+            jobs,
+            ingestor,
+            runner,
+        })
+    }
+
+    /// Stamp everything this app writes with `clock`'s processing time.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.ingestor = self.ingestor.with_clock(clock.clone());
+        self.runner = self.runner.with_clock(clock);
+        self
+    }
+
+    pub fn warehouse(&self) -> &Warehouse {
+        self.ingestor.warehouse()
+    }
+
+    /// The job called `name`, or an error listing the known ones.
+    pub fn job(&self, name: &str) -> Result<&JobSpec> {
+        self.jobs.get(name).ok_or_else(|| Error::UnknownJob {
+            name: name.to_string(),
+            known: self.jobs.keys().cloned().collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// The jobs called `names` (every job when empty), in name order; an unknown name is
+    /// an error.
+    pub fn select_jobs(&self, names: &[String]) -> Result<Vec<&JobSpec>> {
+        for n in names {
+            self.job(n)?;
+        }
+        Ok(self
+            .jobs
+            .values()
+            .filter(|j| names.is_empty() || names.contains(&j.name))
+            .collect())
+    }
+
+    /// The sources called `names` (the config's selection when empty); an unknown name
+    /// is an error.
+    pub fn select_sources(&self, names: &[String]) -> Result<Vec<String>> {
+        let all = self.ingestor.sources()?;
+        if names.is_empty() {
+            return Ok(all);
+        }
+        if let Some(s) = names.iter().find(|s| !all.contains(s)) {
+            return Err(Error::UnknownSource {
+                name: s.clone(),
+                known: all.join(", "),
+            });
+        }
+        Ok(names.to_vec())
+    }
+
+    /// Jobs running always-on in a `kestrel stream` right now: (job, owner).
+    pub async fn streams(&self) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for name in self.jobs.keys() {
+            if let Some(owner) = Lease::stream_owner(self.warehouse(), name).await? {
+                out.push((name.clone(), owner));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One `kestrel run`: ingest `sources` (those a running stream's job reads are left
+    /// to it), then run `jobs` (empty: all; a streamed job is reported as skipped).
+    pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
+        let jobs = self.select_jobs(jobs)?;
+        let sources = self.select_sources(sources)?;
+        let streamed = self.streams().await?;
+        let mut out = RunOutcome::default();
+        for s in &sources {
+            let owner = streamed
+                .iter()
+                .find(|(j, _)| self.jobs[j].sources.iter().any(|js| js == s));
+            if let Some((job, owner)) = owner {
+                out.left_to_streams
+                    .push((s.clone(), job.clone(), owner.clone()));
+                continue;
+            }
+            match self.ingestor.ingest_source(s).await {
+                Ok(r) => out.sources.push(r),
+                Err(e) => out.ingest_failures.push(format!("{s}: {e}")),
+            }
+        }
+        for spec in jobs {
+            if let Some((_, owner)) = streamed.iter().find(|(j, _)| *j == spec.name) {
+                out.jobs.push(JobReport {
+                    job: spec.name.clone(),
+                    skipped: Some(format!("running always-on in a stream ({owner})")),
+                    ..Default::default()
+                });
+                continue;
+            }
+            match self.runner.run_job(spec).await {
+                Ok(r) => out.jobs.push(r),
+                Err(e) => out.job_failures.push(format!("{}: {e}", spec.name)),
+            }
+        }
+        Ok(out)
+    }
+}

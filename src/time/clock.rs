@@ -1,0 +1,66 @@
+//! Processing time, passed in: what kestrel stamps on the rows it writes (`updated_at`,
+//! `detected_at`, `_ingested_at`, plan and run-log times). The system clock by default;
+//! a test sets it to make those columns exact. Event time never comes from here (it is
+//! data), and neither do lease expiries and file ages, which must agree across
+//! processes and so stay on the wall clock.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::Micros;
+
+/// The system clock, or a set one shared by its clones.
+#[derive(Debug, Clone, Default)]
+pub struct Clock(Option<Arc<AtomicI64>>);
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Self {
+        Clock(None)
+    }
+
+    /// A clock standing at `us` until [`Clock::set`] moves it.
+    pub fn fixed(us: Micros) -> Self {
+        Clock(Some(Arc::new(AtomicI64::new(us))))
+    }
+
+    /// Move a fixed clock (and its clones) to `us`; the system clock ignores it.
+    pub fn set(&self, us: Micros) {
+        if let Some(t) = &self.0 {
+            t.store(us, Ordering::SeqCst);
+        }
+    }
+
+    /// Now, in microseconds since the epoch (UTC).
+    pub fn now_us(&self) -> Micros {
+        match &self.0 {
+            Some(t) => t.load(Ordering::SeqCst),
+            None => Utc::now().timestamp_micros(),
+        }
+    }
+
+    /// Now, as a date-time.
+    pub fn now(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp_micros(self.now_us()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fixed_clock_stays_until_set_and_clones_follow() {
+        let c = Clock::fixed(1_000_000);
+        let d = c.clone();
+        assert_eq!(c.now_us(), 1_000_000);
+        d.set(2_000_000);
+        assert_eq!(c.now_us(), 2_000_000);
+        assert_eq!(c.now().to_rfc3339(), "1970-01-01T00:00:02+00:00");
+        let s = Clock::system();
+        s.set(5);
+        assert!(s.now_us() > 1_700_000_000_000_000);
+    }
+}
