@@ -85,6 +85,35 @@ pub enum Error {
     #[error(transparent)]
     Column(#[from] crate::columns::ColumnError),
 
+    /// Probing a table's files for values (dedup, the ledger) failed.
+    #[error(transparent)]
+    Probe(#[from] crate::sink::probe::ProbeError),
+
+    /// The daemon cannot start or run a task.
+    #[error(transparent)]
+    Schedule(#[from] crate::runner::schedule::ScheduleError),
+
+    /// A backfill cannot start, or stopped before its last day.
+    #[error(transparent)]
+    Backfill(#[from] crate::runner::backfill::BackfillError),
+
+    /// A lease could not be taken or kept.
+    #[error(transparent)]
+    Lease(#[from] crate::lease::LeaseError),
+
+    /// A source without a schema.
+    #[error("no schema for source `{0}`")]
+    NoSchema(String),
+
+    /// A batch's commit lost every retry to other writers' commits.
+    #[error("{table}: batch {batch} lost {attempts} commit races in a row with other writers; the next run retries it ({last})")]
+    CommitRaces {
+        table: String,
+        batch: i64,
+        attempts: u32,
+        last: String,
+    },
+
     /// Anything else, with a human readable reason.
     #[error("{0}")]
     Other(String),

@@ -11,6 +11,18 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::sink::delta::Warehouse;
 
+/// A lease that could not be taken or kept (a lease held by another process is
+/// [`Error::LeaseHeld`], which callers wait on or report).
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("could not take lease {0}: contended")]
+    Contended(String),
+    #[error("lost lease {0}: it expired and was taken over; stopping before the next batch")]
+    Lost(String),
+    #[error("lease body: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LeaseBody {
     owner: String,
@@ -50,7 +62,7 @@ impl Lease {
             acquired_at: now,
             expires_at: now + ChronoDuration::from_std(ttl).unwrap_or(ChronoDuration::minutes(10)),
         };
-        let bytes = serde_json::to_vec(&body).map_err(|e| Error::Other(e.to_string()))?;
+        let bytes = serde_json::to_vec(&body).map_err(LeaseError::Encode)?;
         for attempt in 0..3 {
             if wh.loc.put_if_absent(&key, bytes.clone()).await? {
                 return Ok(Lease {
@@ -85,9 +97,7 @@ impl Lease {
                 path: wh.loc.display(&key),
             });
         }
-        Err(Error::Other(format!(
-            "could not take lease {name}: contended"
-        )))
+        Err(LeaseError::Contended(name.to_string()).into())
     }
 
     /// Who runs `job` always-on right now (the live holder of its stream lease), if
@@ -125,14 +135,11 @@ impl Lease {
             .and_then(|r| serde_json::from_slice::<LeaseBody>(&r).ok())
             .is_some_and(|c| c.owner == self.body.owner && c.acquired_at == self.body.acquired_at);
         if !ours {
-            return Err(Error::Other(format!(
-                "lost lease {}: it expired and was taken over; stopping before the next batch",
-                self.wh.loc.display(&self.key)
-            )));
+            return Err(LeaseError::Lost(self.wh.loc.display(&self.key)).into());
         }
         self.body.expires_at =
             Utc::now() + ChronoDuration::from_std(ttl).unwrap_or(ChronoDuration::minutes(10));
-        let bytes = serde_json::to_vec(&self.body).map_err(|e| Error::Other(e.to_string()))?;
+        let bytes = serde_json::to_vec(&self.body).map_err(LeaseError::Encode)?;
         self.wh.loc.put(&self.key, bytes).await
     }
 

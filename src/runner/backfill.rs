@@ -47,6 +47,25 @@ use crate::job::spec::{JobKind, JobSpec, PaymentMode, PaymentParams};
 use crate::job::stockout as so;
 use crate::lease::Lease;
 use crate::names;
+
+/// Why a backfill does not start or stops before its last day.
+#[derive(Debug, thiserror::Error)]
+pub enum BackfillError {
+    #[error("`{job}` runs always-on ({owner}): stop its stream to backfill it")]
+    Streamed { job: String, owner: String },
+    #[error("--from {from} is after --to {to}")]
+    EmptyRange { from: String, to: String },
+    #[error("stopped while waiting for the job's lease")]
+    StoppedWaiting,
+    #[error("`{0}` has not run yet: a backfill restates what the job has consumed; run `kestrel run --job {0}` first")]
+    NeverRan(String),
+    #[error(
+        "interrupted before {day}: {done} of {days} days done; run the same command to resume"
+    )]
+    Interrupted { day: String, done: usize, days: i32 },
+    #[error("backfill progress: {0}")]
+    Progress(#[from] serde_json::Error),
+}
 use crate::runlog;
 use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
@@ -184,7 +203,7 @@ fn formatters<'a>(b: &'a RecordBatch, columns: &[String]) -> Result<Vec<ArrayFor
         .map(|c| {
             let a = b
                 .column_by_name(c)
-                .ok_or_else(|| Error::Other(format!("backfill: no column {c}")))?;
+                .ok_or_else(|| crate::columns::ColumnError::Missing(c.to_string()))?;
             ArrayFormatter::try_new(a.as_ref(), &opts).map_err(Error::from)
         })
         .collect()
@@ -228,17 +247,18 @@ impl JobRunner {
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
         if let Some(owner) = Lease::stream_owner(&self.wh, &spec.name).await? {
-            return Err(Error::Other(format!(
-                "`{}` runs always-on ({owner}): stop its stream to backfill it",
-                spec.name
-            )));
+            return Err(BackfillError::Streamed {
+                job: spec.name.clone(),
+                owner,
+            }
+            .into());
         }
         if opts.from > opts.to {
-            return Err(Error::Other(format!(
-                "--from {} is after --to {}",
-                date(opts.from),
-                date(opts.to)
-            )));
+            return Err(BackfillError::EmptyRange {
+                from: date(opts.from),
+                to: date(opts.to),
+            }
+            .into());
         }
         let name = names::lease::job(&spec.name);
         let mut announced = false;
@@ -251,9 +271,7 @@ impl JobRunner {
                         announced = true;
                     }
                     if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
-                        return Err(Error::Other(
-                            "stopped while waiting for the job's lease".into(),
-                        ));
+                        return Err(BackfillError::StoppedWaiting.into());
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -279,12 +297,7 @@ impl JobRunner {
         let done_batch = runlog::last_batch(&self.wh, "job", &spec.name).await?;
         let state = match plan::read_result(&self.wh, &spec.name, done_batch).await? {
             Some(r) if done_batch > 0 => r.state,
-            _ => {
-                return Err(Error::Other(format!(
-                    "`{}` has not run yet: a backfill restates what the job has consumed; run `kestrel run --job {}` first",
-                    spec.name, spec.name
-                )))
-            }
+            _ => return Err(BackfillError::NeverRan(spec.name.clone()).into()),
         };
         let key = names::key::backfill_progress(&spec.name);
         let fresh = Checkpoint {
@@ -337,16 +350,16 @@ impl JobRunner {
                 continue;
             }
             if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
-                return Err(Error::Other(format!(
-                    "interrupted before {}: {} of {} days done; run the same command to resume",
-                    date(day),
-                    ck.done.len(),
-                    opts.to - opts.from + 1
-                )));
+                return Err(BackfillError::Interrupted {
+                    day: date(day),
+                    done: ck.done.len(),
+                    days: opts.to - opts.from + 1,
+                }
+                .into());
             }
             let d = self.backfill_day(spec, day, &input).await?;
             ck.done.push(day);
-            let body = serde_json::to_vec_pretty(&ck).map_err(|e| Error::Other(e.to_string()))?;
+            let body = serde_json::to_vec_pretty(&ck).map_err(BackfillError::from)?;
             self.wh.loc.put(&key, body).await?;
             crate::fault::point("backfill_after_day");
             lease.renew(self.lease_ttl).await?;
@@ -537,7 +550,7 @@ impl JobRunner {
             .rows
             .column_by_name(pay::ORDER_DATE)
             .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
-            .ok_or_else(|| Error::Other("payments rows lack order_date".into()))?;
+            .ok_or_else(|| crate::columns::ColumnError::Missing(pay::ORDER_DATE.into()))?;
         let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
         let rows = filter_record_batch(&out.rows, &keep)?;
         let with_too_late = match late_ctx {

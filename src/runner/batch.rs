@@ -332,7 +332,7 @@ impl JobRunner {
     pub(super) fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
         self.schemas
             .get(source)
-            .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))
+            .ok_or_else(|| Error::NoSchema(source.to_string()))
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
@@ -529,10 +529,12 @@ impl JobRunner {
                     attempt += 1;
                 }
                 Err(e) if e.is_commit_conflict() => {
-                    return Err(Error::Other(format!(
-                        "{}: batch {n} lost {MERGE_ATTEMPTS} commit races in a row with other writers; the next run retries it ({e})",
-                        out.table
-                    )))
+                    return Err(Error::CommitRaces {
+                        table: out.table.clone(),
+                        batch: n,
+                        attempts: MERGE_ATTEMPTS,
+                        last: e.to_string(),
+                    })
                 }
                 other => return other,
             }

@@ -285,7 +285,7 @@ impl Ingestor {
         let schema = self
             .schemas
             .get(source)
-            .ok_or_else(|| Error::Other(format!("no schema for source `{source}`")))?
+            .ok_or_else(|| Error::NoSchema(source.to_string()))?
             .clone();
         let mut lease = Lease::acquire(
             &self.wh,

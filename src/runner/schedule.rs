@@ -38,6 +38,39 @@ use crate::runner::batch::JobRunner;
 use crate::runner::ingest::Ingestor;
 use crate::runner::StopFlag;
 
+/// What stops the daemon from starting or running a task.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(
+        "{file}: a job called `{name}` would share its name with the daemon's own task; rename it"
+    )]
+    ReservedName { file: String, name: String },
+    #[error("another kestrel schedule ({owner}) runs on this warehouse (lease {path}, until {until}); stop it, or start this one with --wait")]
+    AnotherScheduler {
+        owner: String,
+        path: String,
+        until: String,
+    },
+    #[error("stopped while waiting for the scheduler lease")]
+    StoppedWaiting,
+    #[error("{what}: {reason}")]
+    Cron { what: String, reason: String },
+    #[error("ingestion failed for {0}")]
+    Ingest(String),
+    #[error("unknown job {0}")]
+    UnknownJob(String),
+}
+
+fn cron_error(
+    what: impl Into<String>,
+) -> impl FnOnce(tokio_cron_scheduler::JobSchedulerError) -> ScheduleError {
+    let what = what.into();
+    move |e| ScheduleError::Cron {
+        what,
+        reason: format!("{e:?}"),
+    }
+}
+
 /// Name of the daemon's single-instance lease.
 pub const LEASE: &str = "scheduler";
 
@@ -137,10 +170,11 @@ impl Daemon {
             .iter()
             .find(|j| j.name == INGEST || j.name == MAINTENANCE)
         {
-            return Err(Error::Other(format!(
-                "{}: a job called `{}` would share its name with the daemon's own task; rename it",
-                j.file, j.name
-            )));
+            return Err(ScheduleError::ReservedName {
+                file: j.file.to_string(),
+                name: j.name.clone(),
+            }
+            .into());
         }
         let sources = ing.sources()?;
         let source_locks = sources
@@ -194,9 +228,7 @@ impl Daemon {
                     owner, until, path, ..
                 }) => {
                     if !self.opts.wait {
-                        return Err(Error::Other(format!(
-                            "another kestrel schedule ({owner}) runs on this warehouse (lease {path}, until {until}); stop it, or start this one with --wait"
-                        )));
+                        return Err(ScheduleError::AnotherScheduler { owner, path, until }.into());
                     }
                     if !announced {
                         (self.report)(Event::Waiting { holder: owner });
@@ -206,9 +238,7 @@ impl Daemon {
                 Err(e) => return Err(e),
             }
             if self.stop.stopped() {
-                return Err(Error::Other(
-                    "stopped while waiting for the scheduler lease".into(),
-                ));
+                return Err(ScheduleError::StoppedWaiting.into());
             }
             tokio::time::sleep((ttl / 4).min(Duration::from_secs(5))).await;
         }
@@ -238,7 +268,7 @@ impl Daemon {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Task>();
         let mut sched = JobScheduler::new()
             .await
-            .map_err(|e| Error::Other(format!("cannot start the scheduler: {e:?}")))?;
+            .map_err(cron_error("cannot start the scheduler"))?;
         let tasks = self.tasks();
         for (task, cron) in &tasks {
             let name = task.name().to_string();
@@ -248,16 +278,16 @@ impl Daemon {
                 let _ = tx.send(task.clone());
                 Box::pin(async {})
             })
-            .map_err(|e| Error::Other(format!("schedule of {name}: {e:?}")))?;
+            .map_err(cron_error(format!("schedule of {name}")))?;
             sched
                 .add(job)
                 .await
-                .map_err(|e| Error::Other(format!("cannot add {name}: {e:?}")))?;
+                .map_err(cron_error(format!("cannot add {name}")))?;
         }
         sched
             .start()
             .await
-            .map_err(|e| Error::Other(format!("cannot start the scheduler: {e:?}")))?;
+            .map_err(cron_error("cannot start the scheduler"))?;
         (self.report)(Event::Started {
             owner: lease.owner().to_string(),
             http: http_addr,
@@ -425,10 +455,7 @@ impl Daemon {
             }
         }
         if !failures.is_empty() {
-            return Err(Error::Other(format!(
-                "ingestion failed for {}",
-                failures.join("; ")
-            )));
+            return Err(ScheduleError::Ingest(failures.join("; ")).into());
         }
         Ok(totals)
     }
@@ -443,7 +470,7 @@ impl Daemon {
             }
             Task::Job(name) => {
                 let Some(spec) = self.job(name) else {
-                    return Err(Error::Other(format!("unknown job {name}")));
+                    return Err(ScheduleError::UnknownJob(name.clone()).into());
                 };
                 if let Some(owner) = self.streamed(spec).await? {
                     return Ok(format!("left to the running stream ({owner})"));

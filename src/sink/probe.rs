@@ -36,6 +36,33 @@ use futures::{StreamExt, TryStreamExt};
 use crate::error::{Error, Result};
 use crate::sink::bloom;
 
+/// What can go wrong probing one file; `what` names the file and the column probed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{what}: {source}")]
+    Parquet {
+        what: String,
+        #[source]
+        source: ParquetError,
+    },
+    #[error("{what}: {source}")]
+    Store {
+        what: String,
+        #[source]
+        source: deltalake::logstore::object_store::Error,
+    },
+    #[error("{what}: file lacks {column}")]
+    FileLacks { what: String, column: String },
+    #[error("{what}: no {column}")]
+    BatchLacks { what: String, column: String },
+    #[error("{what}: filter check: {source}")]
+    Check {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
 /// Ids held, with the work it took (for the log).
 #[derive(Debug, Default)]
 pub struct Found {
@@ -157,18 +184,20 @@ async fn probe_file(
     };
     let mut builder = ParquetRecordBatchStreamBuilder::new(reader)
         .await
-        .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+        .map_err(|source| ProbeError::Parquet {
+            what: what(),
+            source,
+        })?;
     let meta = builder.metadata().clone();
     let schema = meta.file_metadata().schema_descr();
     let column = |name: &str| (0..schema.num_columns()).find(|i| schema.column(*i).name() == name);
-    let id_col = column(probe.column)
-        .ok_or_else(|| Error::Other(format!("{}: file lacks {}", what(), probe.column)))?;
+    let lacks = |column: &str| ProbeError::FileLacks {
+        what: what(),
+        column: column.to_string(),
+    };
+    let id_col = column(probe.column).ok_or_else(|| lacks(probe.column))?;
     let exclude = match probe.exclude {
-        Some((name, value)) => Some((
-            column(name).ok_or_else(|| Error::Other(format!("{}: file lacks {name}", what())))?,
-            name,
-            value,
-        )),
+        Some((name, value)) => Some((column(name).ok_or_else(|| lacks(name))?, name, value)),
         None => None,
     };
     let mut candidates: Vec<(usize, Option<bloom::Filter>)> = Vec::new();
@@ -191,15 +220,20 @@ async fn probe_file(
             let raw = store
                 .get_range(&path, off..off + len)
                 .await
-                .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+                .map_err(|source| ProbeError::Store {
+                    what: what(),
+                    source,
+                })?;
             filter = bloom::Filter::from_column_chunk(raw);
         }
         if filter.is_none() {
             filter = match builder
                 .get_row_group_column_bloom_filter(rg, id_col)
                 .await
-                .map_err(|e| Error::Other(format!("{}: {e}", what())))?
-            {
+                .map_err(|source| ProbeError::Parquet {
+                    what: what(),
+                    source,
+                })? {
                 Some(sbbf) => Some(bloom::Filter::from_sbbf(&sbbf)?),
                 None => None,
             };
@@ -219,7 +253,10 @@ async fn probe_file(
             .collect()
     })
     .await
-    .map_err(|e| Error::Other(format!("{}: filter check: {e}", what())))?;
+    .map_err(|source| ProbeError::Check {
+        what: what(),
+        source,
+    })?;
     let mut out = FileFound {
         ids: Vec::new(),
         row_groups: meta.num_row_groups(),
@@ -236,20 +273,29 @@ async fn probe_file(
         .with_row_groups(read)
         .with_projection(mask)
         .build()
-        .map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+        .map_err(|source| ProbeError::Parquet {
+            what: what(),
+            source,
+        })?;
+    let batch_lacks = |column: &str| ProbeError::BatchLacks {
+        what: what(),
+        column: column.to_string(),
+    };
     while let Some(b) = stream.next().await {
-        let b = b.map_err(|e| Error::Other(format!("{}: {e}", what())))?;
+        let b = b.map_err(|source| ProbeError::Parquet {
+            what: what(),
+            source,
+        })?;
         let ids = arrow::compute::cast(
             b.column_by_name(probe.column)
-                .ok_or_else(|| Error::Other(format!("{}: no {}", what(), probe.column)))?,
+                .ok_or_else(|| batch_lacks(probe.column))?,
             &arrow::datatypes::DataType::Utf8,
         )?;
         let ids = ids.as_string::<i32>();
         let skip = match exclude {
             Some((_, name, value)) => {
                 let c = arrow::compute::cast(
-                    b.column_by_name(name)
-                        .ok_or_else(|| Error::Other(format!("{}: no {name}", what())))?,
+                    b.column_by_name(name).ok_or_else(|| batch_lacks(name))?,
                     &arrow::datatypes::DataType::Int64,
                 )?;
                 Some((c, value))
