@@ -424,7 +424,7 @@ async fn stream(
     let app = App::load(cfg, IngestOptions::default()).await?;
     let spec = app.job(&job)?.clone();
     anyhow::ensure!(
-        matches!(spec.kind, kestrel::job::spec::JobKind::Stockout { .. }),
+        spec.can_stream(),
         "`{job}` cannot run always-on: only the stock-out operator has a stream mode"
     );
     let stop = stop_on_signal("after the current poll");

@@ -4,6 +4,7 @@
 
 pub mod aggregate;
 pub mod keys;
+pub mod operator;
 pub mod payments;
 pub mod plan;
 pub mod spec;

@@ -119,7 +119,7 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
     }
     for spec in jobs {
         let streamed_by = Lease::stream_owner(wh, &spec.name).await?;
-        for table in job_tables(spec) {
+        for table in spec.tables() {
             out.push(Target {
                 table,
                 lease: Some(crate::names::lease::job(&spec.name)),
@@ -236,13 +236,6 @@ pub async fn tables(
         report.tables.push(r);
     }
     Ok(report)
-}
-
-/// The tables a job writes: its gold tables and its late ledger.
-pub fn job_tables(spec: &JobSpec) -> Vec<String> {
-    let mut t = crate::ops::status::gold_tables(spec);
-    t.push(crate::names::table::late(&spec.name));
-    t
 }
 
 /// Today as days since the epoch (UTC).

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::job::plan;
-use crate::job::spec::{JobKind, JobSpec};
+use crate::job::spec::JobSpec;
 use crate::sink::delta::{self, Warehouse};
 use crate::time::{iso, Micros};
 
@@ -162,15 +162,6 @@ async fn run_summaries(
     Ok(out)
 }
 
-/// The gold tables a job writes.
-pub fn gold_tables(spec: &JobSpec) -> Vec<String> {
-    let mut t = vec![spec.table.clone()];
-    if let JobKind::Stockout { availability_table } = &spec.kind {
-        t.push(availability_table.clone());
-    }
-    t
-}
-
 /// Collect the status of `sources` and `jobs` at `now` (micros).
 pub async fn collect(
     wh: &Warehouse,
@@ -226,7 +217,7 @@ pub async fn collect(
             }
         }
         status.jobs.push(js);
-        for table in gold_tables(spec) {
+        for table in spec.outputs().into_iter().map(|o| o.table) {
             let last = match wh.open(&table).await? {
                 Some(t) => {
                     // Freshness is about data: compaction and vacuum commits don't count.

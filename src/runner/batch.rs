@@ -175,18 +175,6 @@ pub(super) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<
 /// Partition columns of a windowed job's gold table: the window's date, then its hour.
 pub const GOLD_PARTITIONS: [&str; 2] = [GOLD_PARTITION, agg::WINDOW_HOUR];
 
-/// The table and application id whose commit of batch `n` completes a job's gold
-/// writes: the last MERGE a batch makes.
-pub(super) fn gold_marker(spec: &JobSpec) -> (String, String) {
-    match &spec.kind {
-        JobKind::Stockout { availability_table } => (
-            availability_table.clone(),
-            names::app::availability(&spec.name),
-        ),
-        _ => (spec.table.clone(), names::app::job(&spec.name)),
-    }
-}
-
 /// Runs jobs against one warehouse.
 pub struct JobRunner {
     pub(super) wh: Warehouse,
@@ -267,7 +255,7 @@ impl JobRunner {
     /// After a job's batches, under its lease: compact the crowded open partitions of its
     /// gold tables, its late ledger and the run log. A failure is logged, not fatal.
     async fn compact_open(&self, spec: &JobSpec) {
-        let mut tables = crate::ops::status::gold_tables(spec);
+        let mut tables: Vec<String> = spec.outputs().into_iter().map(|o| o.table).collect();
         tables.push(names::table::late(&spec.name));
         tables.push(names::table::RUNS.to_string());
         for table in tables {
@@ -409,7 +397,10 @@ impl JobRunner {
         let started = self.now_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
-        let (marker, marker_app) = gold_marker(spec);
+        let crate::job::operator::Output {
+            table: marker,
+            app: marker_app,
+        } = spec.completing_output();
         let gold_done = self.committed(&marker, &marker_app, n).await?;
         let durable = plan::read_result(&self.wh, &spec.name, n).await?;
         let computed = match (gold_done, durable) {

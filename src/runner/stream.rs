@@ -306,7 +306,7 @@ async fn poll_loop(
                 // Between polls the stream is its tables' only writer.
                 let mut m = m.clone();
                 m.today = crate::ops::maintain::today();
-                let tables = crate::ops::maintain::job_tables(spec);
+                let tables = spec.tables();
                 r.maintenance =
                     Some(crate::ops::maintain::tables(runner.warehouse(), &tables, &m).await?);
                 maintained = Instant::now();
