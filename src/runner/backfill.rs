@@ -41,10 +41,8 @@ use super::batch::{JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
 use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
-use crate::job::payments::{self as pay, Touches};
 use crate::job::plan;
-use crate::job::spec::{JobKind, JobSpec, PaymentMode, PaymentParams};
-use crate::job::stockout as so;
+use crate::job::spec::{JobKind, JobSpec};
 use crate::lease::Lease;
 use crate::names;
 
@@ -70,7 +68,6 @@ use crate::runlog;
 use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
 use crate::sink::late;
-use crate::time::micros;
 use crate::time::window::WindowSpec;
 use crate::time::{date, iso, Micros};
 
@@ -143,36 +140,39 @@ struct Checkpoint {
 
 /// What a day's recompute reads: the job's state after its last batch, and sessions
 /// over every source's bronze (`bronze_<source>`) and the job's late ledger (`late`).
-struct DayInput {
-    watermark: Option<Micros>,
-    positions: BTreeMap<String, i64>,
-    as_of_batch: i64,
-    ctx: SessionContext,
-    late: Option<SessionContext>,
+pub(super) struct DayInput {
+    pub(super) watermark: Option<Micros>,
+    pub(super) positions: BTreeMap<String, i64>,
+    pub(super) as_of_batch: i64,
+    pub(super) ctx: SessionContext,
+    pub(super) late: Option<SessionContext>,
 }
 
 impl DayInput {
-    fn position(&self, source: &str) -> i64 {
+    pub(super) fn position(&self, source: &str) -> i64 {
         self.positions.get(source).copied().unwrap_or(0)
     }
 }
 
 /// A day's recomputed gold rows (merge schema, all upserts, all in the day's partition).
-struct Restated {
-    rows: RecordBatch,
-    gold_schema: SchemaRef,
+pub(super) struct Restated {
+    pub(super) rows: RecordBatch,
+    pub(super) gold_schema: SchemaRef,
     /// Columns that identify a row (the merge keys).
-    ident: Vec<String>,
+    pub(super) ident: Vec<String>,
     /// The date partition column (a day's rows are those of `partition = day`)…
-    partition: &'static str,
+    pub(super) partition: &'static str,
     /// …and every partition column a new table gets.
-    partitions: &'static [&'static str],
-    with_too_late: Vec<String>,
+    pub(super) partitions: &'static [&'static str],
+    pub(super) with_too_late: Vec<String>,
 }
 
 /// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
 /// event times `[from, to)`, restricted to their event dates.
-fn consumed_in((from, to): (Micros, Micros), position: i64) -> datafusion::prelude::Expr {
+pub(super) fn consumed_in(
+    (from, to): (Micros, Micros),
+    position: i64,
+) -> datafusion::prelude::Expr {
     read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
         .and(read::in_ranges("event_ts", &[(from, to)]))
         .and(col("_batch_id").lt_eq(lit(position)))
@@ -207,35 +207,6 @@ fn formatters<'a>(b: &'a RecordBatch, columns: &[String]) -> Result<Vec<ArrayFor
             ArrayFormatter::try_new(a.as_ref(), &opts).map_err(Error::from)
         })
         .collect()
-}
-
-/// The restated orders (`rows`) with a row in the late ledger, as `order_id @ date`.
-async fn too_late_orders(
-    lctx: &SessionContext,
-    rows: &RecordBatch,
-    (from, to): (Micros, Micros),
-    day: i32,
-) -> Result<Vec<String>> {
-    if rows.num_rows() == 0 {
-        return Ok(Vec::new());
-    }
-    let ids = crate::columns::string(rows, pay::ORDER_ID)?;
-    let keys = read::keys_batch(ids.iter().flatten())?;
-    let target: SchemaRef = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
-        arrow::datatypes::Field::new(pay::ORDER_ID, arrow::datatypes::DataType::Utf8, true),
-    ]));
-    let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
-        .and(read::in_ranges("event_ts", &[(from, to)]));
-    let found = read::read_keys(lctx, "late", filter, pay::ORDER_ID, &keys, &target).await?;
-    let found = crate::columns::string(&found, pay::ORDER_ID)?;
-    let mut out: Vec<String> = found
-        .iter()
-        .flatten()
-        .map(|id| format!("{id} @ {}", date(day)))
-        .collect();
-    out.sort();
-    out.dedup();
-    Ok(out)
 }
 
 impl JobRunner {
@@ -481,242 +452,6 @@ impl JobRunner {
             ident,
             partition: GOLD_PARTITION,
             partitions: &GOLD_PARTITIONS,
-            with_too_late,
-        })
-    }
-
-    /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
-    /// their first payment): every order_id with a line or payment that day, evaluated
-    /// from all its consumed lines and payments within `horizon` of the day.
-    async fn restate_payments(
-        &self,
-        spec: &JobSpec,
-        mode: PaymentMode,
-        params: &PaymentParams,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
-        let horizon = micros(params.horizon);
-        let mut touches = Touches::default();
-        let touch_cols: Vec<String> = vec![pay::ORDER_ID.into(), "event_ts".into()];
-        for s in &spec.sources {
-            let target = agg::project(&self.source_schema(s)?.bronze, &touch_cols)?;
-            let rows = read::read(
-                ctx,
-                &super::payments::table(s),
-                consumed_in((lo, hi), input.position(s)),
-                &target,
-            )
-            .await?;
-            touches.add(&rows)?;
-        }
-        let keys = touches.keys_batch()?;
-        let read_side = |source: String, cols: &'static [&'static str]| {
-            let keys = &keys;
-            async move {
-                let cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-                let target = agg::project(&self.source_schema(&source)?.bronze, &cols)?;
-                if keys.num_rows() == 0 {
-                    return Ok::<_, Error>(RecordBatch::new_empty(target));
-                }
-                let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
-                let table = super::payments::table(&source);
-                read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
-            }
-        };
-        let o = read_side(spec.sources[0].clone(), &pay::ORDER_INPUT).await?;
-        let p = read_side(spec.sources[1].clone(), &pay::PAYMENT_INPUT).await?;
-        let facts = pay::facts(o, p, params.business_window).await?;
-        let stamp = pay::Stamp {
-            w_before: None,
-            w_after: input.watermark,
-            batch_id: input.as_of_batch,
-            now_us: self.now_us(),
-        };
-        let (out, gold_schema) = match mode {
-            PaymentMode::Fast => (
-                pay::fast_rows(&facts, params, stamp, &std::collections::HashSet::new())?,
-                pay::fast_schema(),
-            ),
-            PaymentMode::Reconcile => (
-                pay::reconciliation_rows(&facts, params, stamp)?,
-                pay::reconciliation_schema(),
-            ),
-        };
-        // Only rows anchored on this day; the others belong to their own day.
-        let dates = out
-            .rows
-            .column_by_name(pay::ORDER_DATE)
-            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
-            .ok_or_else(|| crate::columns::ColumnError::Missing(pay::ORDER_DATE.into()))?;
-        let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
-        let rows = filter_record_batch(&out.rows, &keep)?;
-        let with_too_late = match late_ctx {
-            Some(lctx) => too_late_orders(lctx, &rows, (lo - horizon, hi + horizon), day).await?,
-            None => Vec::new(),
-        };
-        Ok(Restated {
-            rows,
-            gold_schema,
-            ident: vec![pay::ORDER_ID.to_string()],
-            partition: pay::ORDER_DATE,
-            partitions: &[pay::ORDER_DATE, pay::ORDER_HOUR],
-            with_too_late,
-        })
-    }
-
-    /// The stock-out alerts of minutes on `day`: every sku with an event that day,
-    /// replayed from its last `count` before the day (or its first event) through the
-    /// day. `detected_at` of an alert that exists is kept. `sku_availability` (the live
-    /// job's state) is not restated.
-    async fn restate_stockout(
-        &self,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
-        let source = &spec.sources[0];
-        let bronze = self.source_schema(source)?.bronze.clone();
-        let table = super::payments::table(source);
-        let pos = input.position(source);
-        let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
-        let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;
-        let skus: std::collections::BTreeSet<String> = crate::columns::string(&touched, "sku")?
-            .iter()
-            .flatten()
-            .map(str::to_string)
-            .collect();
-        let keys = read::keys_batch(skus.iter().map(String::as_str))?;
-        // Where each sku's replay starts: its last count before the day.
-        let counts = if skus.is_empty() {
-            RecordBatch::new_empty(sku_ts.clone())
-        } else {
-            let filter = col("kind")
-                .eq(lit("count"))
-                .and(col("event_ts").lt(read::ts_lit(lo)))
-                .and(col("_batch_id").lt_eq(lit(pos)));
-            read::read_keys(ctx, &table, filter, "sku", &keys, &sku_ts).await?
-        };
-        let mut start: HashMap<String, Micros> = HashMap::new();
-        {
-            let (sku, ts) = (
-                crate::columns::string(&counts, "sku")?,
-                crate::columns::event_ts(&counts)?,
-            );
-            for i in 0..counts.num_rows() {
-                let e = start.entry(sku.value(i).to_string()).or_insert(Micros::MIN);
-                *e = (*e).max(ts.value(i));
-            }
-        }
-        let from = if skus.iter().all(|s| start.contains_key(s)) {
-            start.values().copied().min().unwrap_or(lo)
-        } else {
-            Micros::MIN / 2 // a sku that never had a count: its whole history
-        };
-        let cols: Vec<String> = so::INPUT.iter().map(|c| c.to_string()).collect();
-        let target = agg::project(&bronze, &cols)?;
-        let events = if skus.is_empty() {
-            RecordBatch::new_empty(target)
-        } else {
-            let filter =
-                read::in_ranges("event_ts", &[(from, hi)]).and(col("_batch_id").lt_eq(lit(pos)));
-            let filter = if hi - from < 1100 * DAY {
-                read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, hi)])).and(filter)
-            } else {
-                filter
-            };
-            read::read_keys(ctx, &table, filter, "sku", &keys, &target).await?
-        };
-        // Existing alerts of the day keep their detected_at.
-        let existing = match self.wh.open(&spec.table).await? {
-            Some(t) => {
-                let gctx = delta::session_with(&t, "alerts").await?;
-                let b = read::read(
-                    &gctx,
-                    "alerts",
-                    read::dates_in(so::ALERT_DATE, &[day]),
-                    &so::alerts_schema(),
-                )
-                .await?;
-                so::alerts_from(&b)?
-            }
-            None => BTreeMap::new(),
-        };
-        let now = self.now_us();
-        let mut changes = so::AlertChanges::default();
-        for (sku, evs) in so::events_by_sku(&events)? {
-            let begin = start.get(&sku).copied().unwrap_or(Micros::MIN);
-            let evs: Vec<so::Event> = evs.into_iter().filter(|e| e.key.ts >= begin).collect();
-            let (_, stockouts) = so::apply(&so::Point::default(), &evs);
-            for (minute, st) in so::per_minute(&stockouts) {
-                if minute < lo || minute >= hi {
-                    continue;
-                }
-                let detected_at = existing
-                    .get(&sku)
-                    .and_then(|v| v.iter().find(|a| a.minute == minute))
-                    .map_or(now, |a| a.detected_at);
-                changes.upserts.push(so::Alert {
-                    sku: sku.clone(),
-                    minute,
-                    first_stockout_ts: st.ts,
-                    on_hand: st.on_hand,
-                    detected_at,
-                });
-            }
-        }
-        let rows = so::alert_rows(&changes, input.as_of_batch, now)?;
-        // Alerts of a sku with a too-late event in its replay before the alert.
-        let with_too_late = match late_ctx {
-            Some(lctx) if !skus.is_empty() => {
-                let filter = read::in_ranges("event_ts", &[(from, hi)]);
-                let filter = if hi - from < 1100 * DAY {
-                    read::dates_in(late::PARTITION, &agg::dates_of(&[(from, hi)])).and(filter)
-                } else {
-                    filter
-                };
-                let late_rows =
-                    read::read_keys(lctx, "late", filter, "sku", &keys, &sku_ts).await?;
-                let (sku, ts) = (
-                    crate::columns::string(&late_rows, "sku")?,
-                    crate::columns::event_ts(&late_rows)?,
-                );
-                let mut late_at: HashMap<&str, Vec<Micros>> = HashMap::new();
-                for i in 0..late_rows.num_rows() {
-                    late_at.entry(sku.value(i)).or_default().push(ts.value(i));
-                }
-                // Restated alerts and the day's existing ones (a late event can cancel one).
-                let candidates = changes
-                    .upserts
-                    .iter()
-                    .chain(existing.values().flatten())
-                    .filter(|a| a.minute >= lo && a.minute < hi);
-                let mut out: Vec<String> = candidates
-                    .filter(|a| {
-                        let begin = start.get(&a.sku).copied().unwrap_or(Micros::MIN);
-                        late_at.get(a.sku.as_str()).is_some_and(|v| {
-                            v.iter().any(|t| *t >= begin && *t <= a.first_stockout_ts)
-                        })
-                    })
-                    .map(|a| format!("{} @ {}", a.sku, iso(a.minute)))
-                    .collect();
-                out.dedup();
-                out.sort();
-                out.dedup();
-                out
-            }
-            _ => Vec::new(),
-        };
-        Ok(Restated {
-            rows,
-            gold_schema: so::alerts_schema(),
-            ident: vec!["sku".to_string(), "minute".to_string()],
-            partition: so::ALERT_DATE,
-            partitions: &[so::ALERT_DATE],
             with_too_late,
         })
     }

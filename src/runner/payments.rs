@@ -12,22 +12,24 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{AsArray, BooleanArray, RecordBatch};
+use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{col, lit, SessionContext};
 
+use super::backfill::{consumed_in, DayInput, Restated};
 use super::batch::{take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
-use crate::job::aggregate as agg;
+use crate::job::aggregate::{self as agg, DAY};
 use crate::job::payments::{self as pay, Stamp, Touches};
 use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
 use crate::names;
 use crate::runner::read;
 use crate::sink::{delta, late};
-use crate::time::micros;
+use crate::time::{date, micros, Micros};
 
 /// Name of a source's bronze table in the batch's session (and a backfill's).
 pub(super) fn table(source: &str) -> String {
@@ -304,4 +306,117 @@ fn upto(state: &JobState, source: &str) -> i64 {
 
 fn cutoffs<'a>(state: &'a JobState, source: &str) -> &'a [crate::job::plan::Cutoff] {
     state.cutoffs.get(source).map_or(&[], |c| c.as_slice())
+}
+
+/// The restated orders (`rows`) with a row in the late ledger, as `order_id @ date`.
+async fn too_late_orders(
+    lctx: &SessionContext,
+    rows: &RecordBatch,
+    (from, to): (Micros, Micros),
+    day: i32,
+) -> Result<Vec<String>> {
+    if rows.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let ids = crate::columns::string(rows, pay::ORDER_ID)?;
+    let keys = read::keys_batch(ids.iter().flatten())?;
+    let target: SchemaRef = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new(pay::ORDER_ID, arrow::datatypes::DataType::Utf8, true),
+    ]));
+    let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
+        .and(read::in_ranges("event_ts", &[(from, to)]));
+    let found = read::read_keys(lctx, "late", filter, pay::ORDER_ID, &keys, &target).await?;
+    let found = crate::columns::string(&found, pay::ORDER_ID)?;
+    let mut out: Vec<String> = found
+        .iter()
+        .flatten()
+        .map(|id| format!("{id} @ {}", date(day)))
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+impl JobRunner {
+    /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
+    /// their first payment): every order_id with a line or payment that day, evaluated
+    /// from all its consumed lines and payments within `horizon` of the day.
+    pub(super) async fn restate_payments(
+        &self,
+        spec: &JobSpec,
+        mode: PaymentMode,
+        params: &PaymentParams,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let horizon = micros(params.horizon);
+        let mut touches = Touches::default();
+        let touch_cols: Vec<String> = vec![pay::ORDER_ID.into(), "event_ts".into()];
+        for s in &spec.sources {
+            let target = agg::project(&self.source_schema(s)?.bronze, &touch_cols)?;
+            let rows = read::read(
+                ctx,
+                &super::payments::table(s),
+                consumed_in((lo, hi), input.position(s)),
+                &target,
+            )
+            .await?;
+            touches.add(&rows)?;
+        }
+        let keys = touches.keys_batch()?;
+        let read_side = |source: String, cols: &'static [&'static str]| {
+            let keys = &keys;
+            async move {
+                let cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+                let target = agg::project(&self.source_schema(&source)?.bronze, &cols)?;
+                if keys.num_rows() == 0 {
+                    return Ok::<_, Error>(RecordBatch::new_empty(target));
+                }
+                let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
+                let table = super::payments::table(&source);
+                read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
+            }
+        };
+        let o = read_side(spec.sources[0].clone(), &pay::ORDER_INPUT).await?;
+        let p = read_side(spec.sources[1].clone(), &pay::PAYMENT_INPUT).await?;
+        let facts = pay::facts(o, p, params.business_window).await?;
+        let stamp = pay::Stamp {
+            w_before: None,
+            w_after: input.watermark,
+            batch_id: input.as_of_batch,
+            now_us: self.now_us(),
+        };
+        let (out, gold_schema) = match mode {
+            PaymentMode::Fast => (
+                pay::fast_rows(&facts, params, stamp, &std::collections::HashSet::new())?,
+                pay::fast_schema(),
+            ),
+            PaymentMode::Reconcile => (
+                pay::reconciliation_rows(&facts, params, stamp)?,
+                pay::reconciliation_schema(),
+            ),
+        };
+        // Only rows anchored on this day; the others belong to their own day.
+        let dates = out
+            .rows
+            .column_by_name(pay::ORDER_DATE)
+            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
+            .ok_or_else(|| crate::columns::ColumnError::Missing(pay::ORDER_DATE.into()))?;
+        let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
+        let rows = filter_record_batch(&out.rows, &keep)?;
+        let with_too_late = match late_ctx {
+            Some(lctx) => too_late_orders(lctx, &rows, (lo - horizon, hi + horizon), day).await?,
+            None => Vec::new(),
+        };
+        Ok(Restated {
+            rows,
+            gold_schema,
+            ident: vec![pay::ORDER_ID.to_string()],
+            partition: pay::ORDER_DATE,
+            partitions: &[pay::ORDER_DATE, pay::ORDER_HOUR],
+            with_too_late,
+        })
+    }
 }

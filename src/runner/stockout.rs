@@ -10,15 +10,16 @@
 //! base); the replayed skus' events at or after `c`; the touched skus' alerts from
 //! `c`'s date on; the touched skus' state by bucket.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use arrow::array::RecordBatch;
 use datafusion::common::ScalarValue;
-use datafusion::prelude::col;
+use datafusion::prelude::{col, lit};
 
+use super::backfill::{consumed_in, DayInput, Restated};
 use super::batch::{take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
-use crate::job::aggregate as agg;
+use crate::job::aggregate::{self as agg, DAY};
 use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::JobSpec;
 use crate::job::stockout::{self as so, AlertChanges, Event, SkuState, Start};
@@ -26,7 +27,7 @@ use crate::names;
 use crate::runner::read;
 use crate::sink::{delta, late};
 use crate::time::micros;
-use crate::time::Micros;
+use crate::time::{iso, Micros};
 
 const MINUTE: Micros = 60_000_000;
 
@@ -402,5 +403,161 @@ impl JobRunner {
             )?;
         }
         Ok(out)
+    }
+}
+
+impl JobRunner {
+    /// The stock-out alerts of minutes on `day`: every sku with an event that day,
+    /// replayed from its last `count` before the day (or its first event) through the
+    /// day. `detected_at` of an alert that exists is kept. `sku_availability` (the live
+    /// job's state) is not restated.
+    pub(super) async fn restate_stockout(
+        &self,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let source = &spec.sources[0];
+        let bronze = self.source_schema(source)?.bronze.clone();
+        let table = super::payments::table(source);
+        let pos = input.position(source);
+        let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
+        let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;
+        let skus: std::collections::BTreeSet<String> = crate::columns::string(&touched, "sku")?
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .collect();
+        let keys = read::keys_batch(skus.iter().map(String::as_str))?;
+        // Where each sku's replay starts: its last count before the day.
+        let counts = if skus.is_empty() {
+            RecordBatch::new_empty(sku_ts.clone())
+        } else {
+            let filter = col("kind")
+                .eq(lit("count"))
+                .and(col("event_ts").lt(read::ts_lit(lo)))
+                .and(col("_batch_id").lt_eq(lit(pos)));
+            read::read_keys(ctx, &table, filter, "sku", &keys, &sku_ts).await?
+        };
+        let mut start: HashMap<String, Micros> = HashMap::new();
+        {
+            let (sku, ts) = (
+                crate::columns::string(&counts, "sku")?,
+                crate::columns::event_ts(&counts)?,
+            );
+            for i in 0..counts.num_rows() {
+                let e = start.entry(sku.value(i).to_string()).or_insert(Micros::MIN);
+                *e = (*e).max(ts.value(i));
+            }
+        }
+        let from = if skus.iter().all(|s| start.contains_key(s)) {
+            start.values().copied().min().unwrap_or(lo)
+        } else {
+            Micros::MIN / 2 // a sku that never had a count: its whole history
+        };
+        let cols: Vec<String> = so::INPUT.iter().map(|c| c.to_string()).collect();
+        let target = agg::project(&bronze, &cols)?;
+        let events = if skus.is_empty() {
+            RecordBatch::new_empty(target)
+        } else {
+            let filter =
+                read::in_ranges("event_ts", &[(from, hi)]).and(col("_batch_id").lt_eq(lit(pos)));
+            let filter = if hi - from < 1100 * DAY {
+                read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, hi)])).and(filter)
+            } else {
+                filter
+            };
+            read::read_keys(ctx, &table, filter, "sku", &keys, &target).await?
+        };
+        // Existing alerts of the day keep their detected_at.
+        let existing = match self.wh.open(&spec.table).await? {
+            Some(t) => {
+                let gctx = delta::session_with(&t, "alerts").await?;
+                let b = read::read(
+                    &gctx,
+                    "alerts",
+                    read::dates_in(so::ALERT_DATE, &[day]),
+                    &so::alerts_schema(),
+                )
+                .await?;
+                so::alerts_from(&b)?
+            }
+            None => BTreeMap::new(),
+        };
+        let now = self.now_us();
+        let mut changes = so::AlertChanges::default();
+        for (sku, evs) in so::events_by_sku(&events)? {
+            let begin = start.get(&sku).copied().unwrap_or(Micros::MIN);
+            let evs: Vec<so::Event> = evs.into_iter().filter(|e| e.key.ts >= begin).collect();
+            let (_, stockouts) = so::apply(&so::Point::default(), &evs);
+            for (minute, st) in so::per_minute(&stockouts) {
+                if minute < lo || minute >= hi {
+                    continue;
+                }
+                let detected_at = existing
+                    .get(&sku)
+                    .and_then(|v| v.iter().find(|a| a.minute == minute))
+                    .map_or(now, |a| a.detected_at);
+                changes.upserts.push(so::Alert {
+                    sku: sku.clone(),
+                    minute,
+                    first_stockout_ts: st.ts,
+                    on_hand: st.on_hand,
+                    detected_at,
+                });
+            }
+        }
+        let rows = so::alert_rows(&changes, input.as_of_batch, now)?;
+        // Alerts of a sku with a too-late event in its replay before the alert.
+        let with_too_late = match late_ctx {
+            Some(lctx) if !skus.is_empty() => {
+                let filter = read::in_ranges("event_ts", &[(from, hi)]);
+                let filter = if hi - from < 1100 * DAY {
+                    read::dates_in(late::PARTITION, &agg::dates_of(&[(from, hi)])).and(filter)
+                } else {
+                    filter
+                };
+                let late_rows =
+                    read::read_keys(lctx, "late", filter, "sku", &keys, &sku_ts).await?;
+                let (sku, ts) = (
+                    crate::columns::string(&late_rows, "sku")?,
+                    crate::columns::event_ts(&late_rows)?,
+                );
+                let mut late_at: HashMap<&str, Vec<Micros>> = HashMap::new();
+                for i in 0..late_rows.num_rows() {
+                    late_at.entry(sku.value(i)).or_default().push(ts.value(i));
+                }
+                // Restated alerts and the day's existing ones (a late event can cancel one).
+                let candidates = changes
+                    .upserts
+                    .iter()
+                    .chain(existing.values().flatten())
+                    .filter(|a| a.minute >= lo && a.minute < hi);
+                let mut out: Vec<String> = candidates
+                    .filter(|a| {
+                        let begin = start.get(&a.sku).copied().unwrap_or(Micros::MIN);
+                        late_at.get(a.sku.as_str()).is_some_and(|v| {
+                            v.iter().any(|t| *t >= begin && *t <= a.first_stockout_ts)
+                        })
+                    })
+                    .map(|a| format!("{} @ {}", a.sku, iso(a.minute)))
+                    .collect();
+                out.dedup();
+                out.sort();
+                out.dedup();
+                out
+            }
+            _ => Vec::new(),
+        };
+        Ok(Restated {
+            rows,
+            gold_schema: so::alerts_schema(),
+            ident: vec!["sku".to_string(), "minute".to_string()],
+            partition: so::ALERT_DATE,
+            partitions: &[so::ALERT_DATE],
+            with_too_late,
+        })
     }
 }
