@@ -28,8 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
-use arrow::compute::filter_record_batch;
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::ScalarValue;
@@ -37,10 +36,10 @@ use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::batch::{JobRunner, GOLD_PARTITION, GOLD_PARTITIONS};
+use super::batch::JobRunner;
 use super::StopFlag;
 use crate::error::{Error, Result};
-use crate::job::aggregate::{self as agg, GoldStamp, KeyEncoder, SessionScope, Touched, DAY};
+use crate::job::aggregate::{self as agg};
 use crate::job::plan;
 use crate::job::spec::{JobKind, JobSpec};
 use crate::lease::Lease;
@@ -67,9 +66,7 @@ pub enum BackfillError {
 use crate::runlog;
 use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
-use crate::sink::late;
-use crate::time::window::WindowSpec;
-use crate::time::{date, iso, Micros};
+use crate::time::{date, Micros};
 
 /// What to backfill.
 #[derive(Debug, Clone, Default)]
@@ -187,7 +184,7 @@ pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
 }
 
 /// Values of `columns` of row `i`, formatted and joined (a comparable identity).
-fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
+pub(super) fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
     let mut s = String::new();
     for f in formatters {
         s.push_str(&f.value(i).to_string());
@@ -196,7 +193,10 @@ fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
     s
 }
 
-fn formatters<'a>(b: &'a RecordBatch, columns: &[String]) -> Result<Vec<ArrayFormatter<'a>>> {
+pub(super) fn formatters<'a>(
+    b: &'a RecordBatch,
+    columns: &[String],
+) -> Result<Vec<ArrayFormatter<'a>>> {
     let opts = FormatOptions::default().with_null("∅");
     columns
         .iter()
@@ -354,108 +354,6 @@ impl JobRunner {
         self.apply_restated(spec, day, r).await
     }
 
-    /// A windowed job's rows of windows starting on `day`.
-    async fn restate_windows(
-        &self,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let crate::job::spec::AggregateParts {
-            keys,
-            window,
-            aggregates,
-            inputs,
-        } = spec.aggregate()?;
-        let source = &spec.sources[0];
-        let bronze = self.source_schema(source)?.bronze.clone();
-        let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));
-        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
-        let position = input.position(source);
-        let table = super::payments::table(source);
-        let read_range = |from: Micros, to: Micros| {
-            let filter = consumed_in((from, to), position);
-            let schema = input_schema.clone();
-            let table = table.clone();
-            async move { read::read(ctx, &table, filter, &schema).await }
-        };
-        let mut enc = KeyEncoder::new(&input_schema, keys)?;
-        let session = matches!(window, WindowSpec::Session { .. });
-        let (assigned, final_after, late_span) = match window {
-            WindowSpec::Session { gap } => {
-                let gap = *gap;
-                // Sessions starting in the day: one gap before it tells where they start;
-                // read further on while one of them may still continue.
-                let mut read_to = hi + gap;
-                loop {
-                    let rows = read_range(lo - gap, read_to).await?;
-                    let mut scope = SessionScope::new(gap);
-                    scope.touch(&mut enc, &rows, false)?;
-                    let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
-                    let open = sessions
-                        .iter()
-                        .any(|(_, s, e)| *s >= lo && *s < hi && *e >= read_to - gap);
-                    if open {
-                        read_to += DAY;
-                        continue;
-                    }
-                    let starts = crate::columns::int64(&assigned, agg::WINDOW_START)?;
-                    let keep: BooleanArray = starts
-                        .values()
-                        .iter()
-                        .map(|s| Some(*s >= lo && *s < hi))
-                        .collect();
-                    break (filter_record_batch(&assigned, &keep)?, gap, (lo, read_to));
-                }
-            }
-            _ => {
-                let size = agg::window_size(window);
-                let rows = read_range(lo, hi + size).await?;
-                let mut touched = Touched::default();
-                touched.add_applied(&mut enc, window, &rows, None)?;
-                touched.windows.retain(|(_, s)| *s >= lo && *s < hi);
-                let assigned = agg::assign_windows(&mut enc, window, &rows, &mut touched, None)?;
-                (assigned, 0, (lo, hi + size))
-            }
-        };
-        let (agg_schema, out) = agg::aggregate(assigned.clone(), keys, aggregates, session).await?;
-        let gold_schema = agg::gold_schema(&agg_schema, keys, session);
-        let stamp = GoldStamp {
-            w_after: input.watermark,
-            final_after,
-            batch_id: input.as_of_batch,
-            now_us: self.now_us(),
-        };
-        let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-        let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
-
-        let start_col = if session {
-            "session_start"
-        } else {
-            "window_start"
-        };
-        let mut ident: Vec<String> = keys.to_vec();
-        ident.push(start_col.to_string());
-        // Windows holding rows that were too late for the live job.
-        let with_too_late = match late_ctx {
-            Some(lctx) => {
-                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
-                    .await?
-            }
-            None => Vec::new(),
-        };
-
-        Ok(Restated {
-            rows: new,
-            gold_schema,
-            ident,
-            partition: GOLD_PARTITION,
-            partitions: &GOLD_PARTITIONS,
-            with_too_late,
-        })
-    }
-
     /// Compare `r` with the day's gold partition and MERGE the windows that changed (new,
     /// different, gone) in one commit.
     async fn apply_restated(&self, spec: &JobSpec, day: i32, r: Restated) -> Result<DayReport> {
@@ -592,76 +490,5 @@ impl JobRunner {
             "backfill merge"
         );
         Ok(report)
-    }
-
-    /// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
-    /// ledger, as `key… @ start`.
-    #[allow(clippy::too_many_arguments)]
-    async fn too_late_windows(
-        &self,
-        lctx: &SessionContext,
-        keys: &[String],
-        window: &WindowSpec,
-        assigned: &RecordBatch,
-        (from, to): (Micros, Micros),
-        (lo, hi): (Micros, Micros),
-        bronze: &SchemaRef,
-    ) -> Result<Vec<String>> {
-        let mut cols: Vec<String> = keys.to_vec();
-        cols.push("event_ts".into());
-        cols.push("event_id".into());
-        let schema = agg::project(bronze, &cols)?;
-        let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
-            .and(read::in_ranges("event_ts", &[(from, to)]));
-        let rows = read::read(lctx, "late", filter, &schema).await?;
-        if rows.num_rows() == 0 {
-            return Ok(Vec::new());
-        }
-        let ts = crate::columns::event_ts(&rows)?;
-        let key_cols: Vec<String> = keys.to_vec();
-        let fk = formatters(&rows, &key_cols)?;
-        let mut out: BTreeMap<String, ()> = BTreeMap::new();
-        match window {
-            WindowSpec::Session { .. } => {
-                // The session of the late row: same key, start ≤ ts ≤ end.
-                let ak = formatters(assigned, &key_cols)?;
-                let starts = crate::columns::int64(assigned, agg::WINDOW_START)?;
-                let ends = crate::columns::int64(assigned, agg::SESSION_END)?;
-                let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
-                for i in 0..assigned.num_rows() {
-                    sessions
-                        .entry(row_string(&ak, i))
-                        .or_default()
-                        .push((starts.value(i), ends.value(i)));
-                }
-                for i in 0..rows.num_rows() {
-                    let k = row_string(&fk, i);
-                    let t = ts.value(i);
-                    if let Some(s) = sessions
-                        .get(&k)
-                        .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
-                    {
-                        out.insert(
-                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(s.0)),
-                            (),
-                        );
-                    }
-                }
-            }
-            _ => {
-                for i in 0..rows.num_rows() {
-                    let k = row_string(&fk, i);
-                    window.each_window(ts.value(i), |start, _| {
-                        if start >= lo && start < hi {
-                            out.insert(
-                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(start)),
-                                (),
-                            );
-                        }
-                    });
-                }
-            }
-        }
-        Ok(out.into_keys().collect())
     }
 }

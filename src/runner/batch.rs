@@ -19,12 +19,12 @@
 //! batch `n` carries `n`, and plan `n` names the ingestion batches (= bronze commits,
 //! which carry the ingestion batch id as their own txn) it consumed.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, SessionContext};
 use deltalake::DeltaTable;
@@ -32,10 +32,8 @@ use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::job::aggregate::{
-    self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched,
-};
-use crate::job::plan::{self, Cutoff, Input, JobCounts, JobPlan, JobResult, JobState};
+use crate::job::aggregate::{self as agg};
+use crate::job::plan::{self, Input, JobCounts, JobPlan, JobResult, JobState};
 use crate::job::spec::{JobKind, JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::names;
@@ -46,7 +44,6 @@ use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, MergeSpec, Warehouse};
 use crate::sink::late;
 use crate::time::clock::Clock;
-use crate::time::window::WindowSpec;
 use crate::time::{micros, Micros};
 
 /// Partition column of gold tables of windowed jobs.
@@ -419,7 +416,7 @@ impl JobRunner {
                         self.compute_stockout(spec, availability_table, plan, before)
                             .await?
                     }
-                    _ => self.compute(spec, plan, before).await?,
+                    _ => self.compute_windows(spec, plan, before).await?,
                 };
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
@@ -642,293 +639,6 @@ impl JobRunner {
             append_only: false,
         }
     }
-
-    async fn compute(
-        &self,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        mut state: JobState,
-    ) -> Result<Computed> {
-        let crate::job::spec::AggregateParts {
-            keys,
-            window,
-            aggregates,
-            inputs,
-        } = spec.aggregate()?;
-        let source = &spec.sources[0];
-        let schema = self.source_schema(source)?.bronze.clone();
-        let input = plan.input(source)?;
-        let lookback = micros(spec.time.lookback);
-        let bronze = self.wh.open(&names::table::bronze(source)).await?;
-        let ctx = match &bronze {
-            Some(t) => Some(delta::session_with(t, "bronze").await?),
-            None => None,
-        };
-        // Reads project the job's input columns (keys, what its aggregates read, time
-        // columns); the session finalisation lookup only keys, times and arrival columns.
-        let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
-        let input_schema = agg::job_input_schema(&schema, Some(&[keys, inputs]));
-        // 1. New rows; lateness is judged against W at batch start. They carry the job's
-        // input columns: applied ones join the recompute as they are, so only older rows
-        // are read again.
-        let t = Instant::now();
-        let w_before = state.watermark.current;
-        let cutoff = w_before.map(|w| w - lookback);
-        let NewRows {
-            new,
-            applied,
-            too_late: late_rows,
-        } = take_new_rows(
-            ctx.as_ref(),
-            "bronze",
-            source,
-            input,
-            &input_schema,
-            &schema,
-            cutoff,
-            lookback,
-            &mut state,
-        )
-        .await?;
-        let read_new_ms = t.elapsed().as_millis() as u64;
-        // 2. Advance the watermark.
-        let w_after = state.watermark.advance();
-        let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
-        let older = input.after_batch;
-        let advanced = match (w_before, w_after) {
-            (_, None) => None,
-            (Some(b), Some(a)) if a <= b => None,
-            (b, Some(a)) => Some((b, a)),
-        };
-
-        // 3–4. Touched windows, recomputed from applied bronze rows.
-        let mut enc = KeyEncoder::new(&schema, keys)?;
-        let now = self.now_us();
-        let (gold, windows, deleted, corrections) = match window {
-            WindowSpec::Session { gap } => {
-                let gap = *gap;
-                let mut scope = SessionScope::new(gap);
-                scope.touch(&mut enc, &applied, true)?;
-                if let Some((b, a)) = advanced {
-                    // Sessions whose end + gap the watermark passed now turn final.
-                    let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
-                    let rows = read::read_applied(
-                        ctx.as_ref(),
-                        "bronze",
-                        &[(lo, a - gap + 1)],
-                        read::Applied {
-                            upto: older,
-                            cutoffs: &cutoffs,
-                        },
-                        None,
-                        &new_schema,
-                    )
-                    .await?;
-                    scope.touch(&mut enc, &rows, false)?;
-                }
-                let lookup = scope.lookup_ranges();
-                if !lookup.is_empty() {
-                    let existing = self
-                        .gold_sessions(spec, &mut enc, keys, &lookup, lookback)
-                        .await?;
-                    scope.widen(existing);
-                }
-                let ranges = scope.ranges();
-                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
-                let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
-                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
-                let gold_schema = agg::gold_schema(&agg_schema, keys, true);
-                let stamp = GoldStamp {
-                    w_after,
-                    final_after: gap,
-                    batch_id: plan.batch_id,
-                    now_us: now,
-                };
-                let mut rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-                let kept: HashSet<(agg::KeyId, Micros)> =
-                    sessions.iter().map(|(k, s, _)| (*k, *s)).collect();
-                let gone: Vec<GoldSession> = scope
-                    .replaced
-                    .iter()
-                    .filter(|g| !kept.contains(&(g.key, g.start)))
-                    .cloned()
-                    .collect();
-                if !gone.is_empty() {
-                    let key_cols = enc.decode(gone.iter().map(|g| g.key))?;
-                    rows.push(agg::tombstones(&gone, &key_cols, &gold_schema, keys)?);
-                }
-                let corrections = scope.corrections(&sessions);
-                ((gold_schema, rows), sessions.len(), gone.len(), corrections)
-            }
-            _ => {
-                let mut touched = Touched::default();
-                let t = Instant::now();
-                touched.add_applied(&mut enc, window, &applied, w_before)?;
-                let touch_ms = t.elapsed().as_millis() as u64;
-                let mut ranges = touched.ranges(window);
-                if let Some((b, a)) = advanced {
-                    // Windows whose end the watermark passed now turn final: their rows
-                    // lie in [b − size, a); one read covers them and the touched windows.
-                    let lo = b.map_or(Micros::MIN / 2, |b| b - agg::window_size(window) + 1);
-                    ranges.push((lo, a));
-                    ranges = agg::merge_ranges(ranges);
-                }
-                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
-                let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
-                let assigned =
-                    agg::assign_windows(&mut enc, window, &rows, &mut touched, advanced)?;
-                let assign_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms;
-                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
-                info!(
-                    job = %spec.name,
-                    read_new_ms,
-                    touch_ms,
-                    read_ms,
-                    assign_ms,
-                    aggregate_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms - assign_ms,
-                    rows = rows.num_rows(),
-                    "windows recomputed"
-                );
-                let gold_schema = agg::gold_schema(&agg_schema, keys, false);
-                let stamp = GoldStamp {
-                    w_after,
-                    final_after: 0,
-                    batch_id: plan.batch_id,
-                    now_us: now,
-                };
-                let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-                let windows = rows.iter().map(|b| b.num_rows()).sum();
-                ((gold_schema, rows), windows, 0, touched.corrections)
-            }
-        };
-
-        let late = match (cutoff, w_before) {
-            (Some(c), Some(w)) if late_rows.num_rows() > 0 => Some(late::rows(
-                &late_rows,
-                plan.batch_id,
-                w,
-                c,
-                &late::reason(w, spec.time.lookback),
-                now,
-            )?),
-            _ => None,
-        };
-        let counts = JobCounts {
-            rows_in: new.num_rows() as i64,
-            applied: applied.num_rows() as i64,
-            too_late: late_rows.num_rows() as i64,
-            windows_recomputed: windows as i64,
-            deleted: deleted as i64,
-            corrections: corrections as i64,
-            watermark_before: w_before,
-            watermark_after: w_after,
-        };
-        Ok(Computed::new(
-            plan,
-            state,
-            counts,
-            late,
-            vec![self.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
-        ))
-    }
-
-    /// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
-    /// after its `lo`, starting at or before its `hi`), looked up in the window dates from
-    /// the first `lo − lookback` (sessions are assumed shorter than the lookback) to the
-    /// last `hi`.
-    async fn gold_sessions(
-        &self,
-        spec: &JobSpec,
-        enc: &mut KeyEncoder,
-        keys: &[String],
-        ranges: &[(Micros, Micros)],
-        lookback: Micros,
-    ) -> Result<Vec<GoldSession>> {
-        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
-            return Ok(Vec::new());
-        };
-        let (lo, hi) = (first.0, last.1);
-        let bronze = &self.source_schema(&spec.sources[0])?.bronze;
-        let Some(table) = self.wh.open(&spec.table).await? else {
-            return Ok(Vec::new());
-        };
-        let ctx: SessionContext = delta::session_with(&table, "gold").await?;
-        let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
-        let overlaps = ranges
-            .iter()
-            .map(|&(lo, hi)| {
-                col("session_end")
-                    .gt_eq(read::ts_lit(lo))
-                    .and(col("session_start").lt_eq(read::ts_lit(hi)))
-            })
-            .reduce(datafusion::prelude::Expr::or)
-            .unwrap_or(datafusion::prelude::lit(false));
-        let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
-        // Key columns typed as in bronze, so their encodings compare equal.
-        let mut fields: Vec<arrow::datatypes::Field> = keys
-            .iter()
-            .map(|k| {
-                bronze
-                    .field_with_name(k)
-                    .cloned()
-                    .map_err(|e| Error::Other(format!("key {k}: {e}")))
-            })
-            .collect::<Result<_>>()?;
-        for (name, ty) in [
-            ("session_start", crate::schema::ts_type()),
-            ("session_end", crate::schema::ts_type()),
-            ("is_final", arrow::datatypes::DataType::Boolean),
-        ] {
-            fields.push(arrow::datatypes::Field::new(name, ty, true));
-        }
-        let target: SchemaRef = Arc::new(Schema::new(fields));
-        let b = read::read(&ctx, "gold", filter, &target).await?;
-        let key_rows = enc.encode(&b)?;
-        let start = b
-            .column(keys.len())
-            .as_primitive::<TimestampMicrosecondType>();
-        let end = b
-            .column(keys.len() + 1)
-            .as_primitive::<TimestampMicrosecondType>();
-        let fin = b.column(keys.len() + 2).as_boolean();
-        Ok(key_rows
-            .into_iter()
-            .enumerate()
-            .map(|(i, key)| GoldSession {
-                key,
-                start: start.value(i),
-                end: end.value(i),
-                is_final: fin.value(i),
-            })
-            .collect())
-    }
-}
-
-/// The rows a batch recomputes its windows from: the older applied bronze rows (ingestion
-/// batches up to `older`) in `ranges`, then the batch's own applied rows, already in
-/// memory.
-async fn recompute_rows(
-    ctx: Option<&SessionContext>,
-    ranges: &[(Micros, Micros)],
-    older: i64,
-    cutoffs: &[Cutoff],
-    applied: &RecordBatch,
-) -> Result<RecordBatch> {
-    let (Some(ctx), false) = (ctx, ranges.is_empty()) else {
-        return Ok(applied.clone());
-    };
-    let schema = applied.schema();
-    let upto = older;
-    let old = read::read_applied(
-        Some(ctx),
-        "bronze",
-        ranges,
-        read::Applied { upto, cutoffs },
-        None,
-        &schema,
-    )
-    .await?;
-    Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
 }
 
 /// One source's new rows in a job batch.

@@ -1,7 +1,9 @@
 //! Runners decide when work happens: ingestion of landed files ([`ingest`]) and job
-//! micro-batches ([`batch`]), one batch at a time; [`read`] holds the bronze reads jobs
-//! use; [`schedule`] is the daemon, [`stream`] the always-on mode, [`backfill`] replays
-//! date ranges.
+//! micro-batches ([`batch`]: the job protocol — plan, compute, commits), one batch at a
+//! time; each operator's I/O steps (a batch's compute, a backfill day's restatement) sit
+//! in its own module (`windowed`, `payments`, `stockout`); [`read`] holds the bronze reads
+//! jobs use; [`schedule`] is the daemon, [`stream`] the always-on mode, [`backfill`]
+//! replays date ranges.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +17,7 @@ pub mod read;
 pub mod schedule;
 mod stockout;
 pub mod stream;
+mod windowed;
 
 /// Shared flag: set it (on SIGTERM / Ctrl-C) to stop between batches or polls; work in
 /// progress completes its commits first.

@@ -1,0 +1,493 @@
+//! The windowed-aggregate operator's I/O steps (tumbling, sliding and session windows
+//! over one source): a micro-batch's compute — the new rows, the windows they touch,
+//! those windows recomputed from applied bronze rows, the gold rows that changed — and a
+//! backfill day's restatement. The pure parts (late split, touched windows, assignment,
+//! aggregation, gold rows) are in [`crate::job::aggregate`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{AsArray, BooleanArray, RecordBatch};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
+use datafusion::prelude::{col, SessionContext};
+use tracing::info;
+
+use super::backfill::{consumed_in, formatters, row_string, DayInput, Restated};
+use super::batch::{take_new_rows, Computed, JobRunner, NewRows, GOLD_PARTITION, GOLD_PARTITIONS};
+use crate::error::{Error, Result};
+use crate::job::aggregate::{
+    self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched, DAY,
+};
+use crate::job::plan::{Cutoff, JobCounts, JobPlan, JobState};
+use crate::job::spec::JobSpec;
+use crate::names;
+use crate::runner::read;
+use crate::sink::{delta, late};
+use crate::time::window::WindowSpec;
+use crate::time::{iso, micros, Micros};
+
+impl JobRunner {
+    /// A windowed job's batch: the applied new rows, the windows (sessions) they touch,
+    /// those recomputed from every applied row in them, and the gold rows that changed.
+    pub(super) async fn compute_windows(
+        &self,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        mut state: JobState,
+    ) -> Result<Computed> {
+        let crate::job::spec::AggregateParts {
+            keys,
+            window,
+            aggregates,
+            inputs,
+        } = spec.aggregate()?;
+        let source = &spec.sources[0];
+        let schema = self.source_schema(source)?.bronze.clone();
+        let input = plan.input(source)?;
+        let lookback = micros(spec.time.lookback);
+        let bronze = self.wh.open(&names::table::bronze(source)).await?;
+        let ctx = match &bronze {
+            Some(t) => Some(delta::session_with(t, "bronze").await?),
+            None => None,
+        };
+        // Reads project the job's input columns (keys, what its aggregates read, time
+        // columns); the session finalisation lookup only keys, times and arrival columns.
+        let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
+        let input_schema = agg::job_input_schema(&schema, Some(&[keys, inputs]));
+        // 1. New rows; lateness is judged against W at batch start. They carry the job's
+        // input columns: applied ones join the recompute as they are, so only older rows
+        // are read again.
+        let t = Instant::now();
+        let w_before = state.watermark.current;
+        let cutoff = w_before.map(|w| w - lookback);
+        let NewRows {
+            new,
+            applied,
+            too_late: late_rows,
+        } = take_new_rows(
+            ctx.as_ref(),
+            "bronze",
+            source,
+            input,
+            &input_schema,
+            &schema,
+            cutoff,
+            lookback,
+            &mut state,
+        )
+        .await?;
+        let read_new_ms = t.elapsed().as_millis() as u64;
+        // 2. Advance the watermark.
+        let w_after = state.watermark.advance();
+        let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();
+        let older = input.after_batch;
+        let advanced = match (w_before, w_after) {
+            (_, None) => None,
+            (Some(b), Some(a)) if a <= b => None,
+            (b, Some(a)) => Some((b, a)),
+        };
+
+        // 3–4. Touched windows, recomputed from applied bronze rows.
+        let mut enc = KeyEncoder::new(&schema, keys)?;
+        let now = self.now_us();
+        let (gold, windows, deleted, corrections) = match window {
+            WindowSpec::Session { gap } => {
+                let gap = *gap;
+                let mut scope = SessionScope::new(gap);
+                scope.touch(&mut enc, &applied, true)?;
+                if let Some((b, a)) = advanced {
+                    // Sessions whose end + gap the watermark passed now turn final.
+                    let lo = b.map_or(Micros::MIN / 2, |b| b - gap + 1);
+                    let rows = read::read_applied(
+                        ctx.as_ref(),
+                        "bronze",
+                        &[(lo, a - gap + 1)],
+                        read::Applied {
+                            upto: older,
+                            cutoffs: &cutoffs,
+                        },
+                        None,
+                        &new_schema,
+                    )
+                    .await?;
+                    scope.touch(&mut enc, &rows, false)?;
+                }
+                let lookup = scope.lookup_ranges();
+                if !lookup.is_empty() {
+                    let existing = self
+                        .gold_sessions(spec, &mut enc, keys, &lookup, lookback)
+                        .await?;
+                    scope.widen(existing);
+                }
+                let ranges = scope.ranges();
+                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
+                let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
+                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
+                let gold_schema = agg::gold_schema(&agg_schema, keys, true);
+                let stamp = GoldStamp {
+                    w_after,
+                    final_after: gap,
+                    batch_id: plan.batch_id,
+                    now_us: now,
+                };
+                let mut rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+                let kept: HashSet<(agg::KeyId, Micros)> =
+                    sessions.iter().map(|(k, s, _)| (*k, *s)).collect();
+                let gone: Vec<GoldSession> = scope
+                    .replaced
+                    .iter()
+                    .filter(|g| !kept.contains(&(g.key, g.start)))
+                    .cloned()
+                    .collect();
+                if !gone.is_empty() {
+                    let key_cols = enc.decode(gone.iter().map(|g| g.key))?;
+                    rows.push(agg::tombstones(&gone, &key_cols, &gold_schema, keys)?);
+                }
+                let corrections = scope.corrections(&sessions);
+                ((gold_schema, rows), sessions.len(), gone.len(), corrections)
+            }
+            _ => {
+                let mut touched = Touched::default();
+                let t = Instant::now();
+                touched.add_applied(&mut enc, window, &applied, w_before)?;
+                let touch_ms = t.elapsed().as_millis() as u64;
+                let mut ranges = touched.ranges(window);
+                if let Some((b, a)) = advanced {
+                    // Windows whose end the watermark passed now turn final: their rows
+                    // lie in [b − size, a); one read covers them and the touched windows.
+                    let lo = b.map_or(Micros::MIN / 2, |b| b - agg::window_size(window) + 1);
+                    ranges.push((lo, a));
+                    ranges = agg::merge_ranges(ranges);
+                }
+                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
+                let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
+                let assigned =
+                    agg::assign_windows(&mut enc, window, &rows, &mut touched, advanced)?;
+                let assign_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms;
+                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
+                info!(
+                    job = %spec.name,
+                    read_new_ms,
+                    touch_ms,
+                    read_ms,
+                    assign_ms,
+                    aggregate_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms - assign_ms,
+                    rows = rows.num_rows(),
+                    "windows recomputed"
+                );
+                let gold_schema = agg::gold_schema(&agg_schema, keys, false);
+                let stamp = GoldStamp {
+                    w_after,
+                    final_after: 0,
+                    batch_id: plan.batch_id,
+                    now_us: now,
+                };
+                let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+                let windows = rows.iter().map(|b| b.num_rows()).sum();
+                ((gold_schema, rows), windows, 0, touched.corrections)
+            }
+        };
+
+        let late = match (cutoff, w_before) {
+            (Some(c), Some(w)) if late_rows.num_rows() > 0 => Some(late::rows(
+                &late_rows,
+                plan.batch_id,
+                w,
+                c,
+                &late::reason(w, spec.time.lookback),
+                now,
+            )?),
+            _ => None,
+        };
+        let counts = JobCounts {
+            rows_in: new.num_rows() as i64,
+            applied: applied.num_rows() as i64,
+            too_late: late_rows.num_rows() as i64,
+            windows_recomputed: windows as i64,
+            deleted: deleted as i64,
+            corrections: corrections as i64,
+            watermark_before: w_before,
+            watermark_after: w_after,
+        };
+        Ok(Computed::new(
+            plan,
+            state,
+            counts,
+            late,
+            vec![self.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
+        ))
+    }
+
+    /// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
+    /// after its `lo`, starting at or before its `hi`), looked up in the window dates from
+    /// the first `lo − lookback` (sessions are assumed shorter than the lookback) to the
+    /// last `hi`.
+    async fn gold_sessions(
+        &self,
+        spec: &JobSpec,
+        enc: &mut KeyEncoder,
+        keys: &[String],
+        ranges: &[(Micros, Micros)],
+        lookback: Micros,
+    ) -> Result<Vec<GoldSession>> {
+        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+            return Ok(Vec::new());
+        };
+        let (lo, hi) = (first.0, last.1);
+        let bronze = &self.source_schema(&spec.sources[0])?.bronze;
+        let Some(table) = self.wh.open(&spec.table).await? else {
+            return Ok(Vec::new());
+        };
+        let ctx: SessionContext = delta::session_with(&table, "gold").await?;
+        let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
+        let overlaps = ranges
+            .iter()
+            .map(|&(lo, hi)| {
+                col("session_end")
+                    .gt_eq(read::ts_lit(lo))
+                    .and(col("session_start").lt_eq(read::ts_lit(hi)))
+            })
+            .reduce(datafusion::prelude::Expr::or)
+            .unwrap_or(datafusion::prelude::lit(false));
+        let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
+        // Key columns typed as in bronze, so their encodings compare equal.
+        let mut fields: Vec<arrow::datatypes::Field> = keys
+            .iter()
+            .map(|k| {
+                bronze
+                    .field_with_name(k)
+                    .cloned()
+                    .map_err(|e| Error::Other(format!("key {k}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        for (name, ty) in [
+            ("session_start", crate::schema::ts_type()),
+            ("session_end", crate::schema::ts_type()),
+            ("is_final", arrow::datatypes::DataType::Boolean),
+        ] {
+            fields.push(arrow::datatypes::Field::new(name, ty, true));
+        }
+        let target: SchemaRef = Arc::new(Schema::new(fields));
+        let b = read::read(&ctx, "gold", filter, &target).await?;
+        let key_rows = enc.encode(&b)?;
+        let start = b
+            .column(keys.len())
+            .as_primitive::<TimestampMicrosecondType>();
+        let end = b
+            .column(keys.len() + 1)
+            .as_primitive::<TimestampMicrosecondType>();
+        let fin = b.column(keys.len() + 2).as_boolean();
+        Ok(key_rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, key)| GoldSession {
+                key,
+                start: start.value(i),
+                end: end.value(i),
+                is_final: fin.value(i),
+            })
+            .collect())
+    }
+
+    /// A windowed job's rows of windows starting on `day`.
+    pub(super) async fn restate_windows(
+        &self,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
+        let crate::job::spec::AggregateParts {
+            keys,
+            window,
+            aggregates,
+            inputs,
+        } = spec.aggregate()?;
+        let source = &spec.sources[0];
+        let bronze = self.source_schema(source)?.bronze.clone();
+        let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let position = input.position(source);
+        let table = super::payments::table(source);
+        let read_range = |from: Micros, to: Micros| {
+            let filter = consumed_in((from, to), position);
+            let schema = input_schema.clone();
+            let table = table.clone();
+            async move { read::read(ctx, &table, filter, &schema).await }
+        };
+        let mut enc = KeyEncoder::new(&input_schema, keys)?;
+        let session = matches!(window, WindowSpec::Session { .. });
+        let (assigned, final_after, late_span) = match window {
+            WindowSpec::Session { gap } => {
+                let gap = *gap;
+                // Sessions starting in the day: one gap before it tells where they start;
+                // read further on while one of them may still continue.
+                let mut read_to = hi + gap;
+                loop {
+                    let rows = read_range(lo - gap, read_to).await?;
+                    let mut scope = SessionScope::new(gap);
+                    scope.touch(&mut enc, &rows, false)?;
+                    let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
+                    let open = sessions
+                        .iter()
+                        .any(|(_, s, e)| *s >= lo && *s < hi && *e >= read_to - gap);
+                    if open {
+                        read_to += DAY;
+                        continue;
+                    }
+                    let starts = crate::columns::int64(&assigned, agg::WINDOW_START)?;
+                    let keep: BooleanArray = starts
+                        .values()
+                        .iter()
+                        .map(|s| Some(*s >= lo && *s < hi))
+                        .collect();
+                    break (filter_record_batch(&assigned, &keep)?, gap, (lo, read_to));
+                }
+            }
+            _ => {
+                let size = agg::window_size(window);
+                let rows = read_range(lo, hi + size).await?;
+                let mut touched = Touched::default();
+                touched.add_applied(&mut enc, window, &rows, None)?;
+                touched.windows.retain(|(_, s)| *s >= lo && *s < hi);
+                let assigned = agg::assign_windows(&mut enc, window, &rows, &mut touched, None)?;
+                (assigned, 0, (lo, hi + size))
+            }
+        };
+        let (agg_schema, out) = agg::aggregate(assigned.clone(), keys, aggregates, session).await?;
+        let gold_schema = agg::gold_schema(&agg_schema, keys, session);
+        let stamp = GoldStamp {
+            w_after: input.watermark,
+            final_after,
+            batch_id: input.as_of_batch,
+            now_us: self.now_us(),
+        };
+        let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+        let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
+
+        let start_col = if session {
+            "session_start"
+        } else {
+            "window_start"
+        };
+        let mut ident: Vec<String> = keys.to_vec();
+        ident.push(start_col.to_string());
+        // Windows holding rows that were too late for the live job.
+        let with_too_late = match late_ctx {
+            Some(lctx) => {
+                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
+                    .await?
+            }
+            None => Vec::new(),
+        };
+
+        Ok(Restated {
+            rows: new,
+            gold_schema,
+            ident,
+            partition: GOLD_PARTITION,
+            partitions: &GOLD_PARTITIONS,
+            with_too_late,
+        })
+    }
+
+    /// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
+    /// ledger, as `key… @ start`.
+    #[allow(clippy::too_many_arguments)]
+    async fn too_late_windows(
+        &self,
+        lctx: &SessionContext,
+        keys: &[String],
+        window: &WindowSpec,
+        assigned: &RecordBatch,
+        (from, to): (Micros, Micros),
+        (lo, hi): (Micros, Micros),
+        bronze: &SchemaRef,
+    ) -> Result<Vec<String>> {
+        let mut cols: Vec<String> = keys.to_vec();
+        cols.push("event_ts".into());
+        cols.push("event_id".into());
+        let schema = agg::project(bronze, &cols)?;
+        let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
+            .and(read::in_ranges("event_ts", &[(from, to)]));
+        let rows = read::read(lctx, "late", filter, &schema).await?;
+        if rows.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let ts = crate::columns::event_ts(&rows)?;
+        let key_cols: Vec<String> = keys.to_vec();
+        let fk = formatters(&rows, &key_cols)?;
+        let mut out: BTreeMap<String, ()> = BTreeMap::new();
+        match window {
+            WindowSpec::Session { .. } => {
+                // The session of the late row: same key, start ≤ ts ≤ end.
+                let ak = formatters(assigned, &key_cols)?;
+                let starts = crate::columns::int64(assigned, agg::WINDOW_START)?;
+                let ends = crate::columns::int64(assigned, agg::SESSION_END)?;
+                let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
+                for i in 0..assigned.num_rows() {
+                    sessions
+                        .entry(row_string(&ak, i))
+                        .or_default()
+                        .push((starts.value(i), ends.value(i)));
+                }
+                for i in 0..rows.num_rows() {
+                    let k = row_string(&fk, i);
+                    let t = ts.value(i);
+                    if let Some(s) = sessions
+                        .get(&k)
+                        .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
+                    {
+                        out.insert(
+                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(s.0)),
+                            (),
+                        );
+                    }
+                }
+            }
+            _ => {
+                for i in 0..rows.num_rows() {
+                    let k = row_string(&fk, i);
+                    window.each_window(ts.value(i), |start, _| {
+                        if start >= lo && start < hi {
+                            out.insert(
+                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(start)),
+                                (),
+                            );
+                        }
+                    });
+                }
+            }
+        }
+        Ok(out.into_keys().collect())
+    }
+}
+
+/// The rows a batch recomputes its windows from: the older applied bronze rows (ingestion
+/// batches up to `older`) in `ranges`, then the batch's own applied rows, already in
+/// memory.
+async fn recompute_rows(
+    ctx: Option<&SessionContext>,
+    ranges: &[(Micros, Micros)],
+    older: i64,
+    cutoffs: &[Cutoff],
+    applied: &RecordBatch,
+) -> Result<RecordBatch> {
+    let (Some(ctx), false) = (ctx, ranges.is_empty()) else {
+        return Ok(applied.clone());
+    };
+    let schema = applied.schema();
+    let upto = older;
+    let old = read::read_applied(
+        Some(ctx),
+        "bronze",
+        ranges,
+        read::Applied { upto, cutoffs },
+        None,
+        &schema,
+    )
+    .await?;
+    Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
+}
