@@ -2,11 +2,13 @@
 //! by name for rows kestrel built (bronze, gold, state), by position for query results
 //! (DataFusion may hand strings back as `Utf8View`, integers as another width).
 
+use std::sync::Arc;
+
 use arrow::array::{
-    Array, AsArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, Int64Type, TimestampMicrosecondType};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimestampMicrosecondType};
 
 /// A column that is not there or not of the type its reader needs: a broken invariant
 /// between the code that wrote the rows and the code reading them, not bad input.
@@ -99,6 +101,32 @@ pub fn int64_at(b: &RecordBatch, i: usize) -> Result<Int64Array> {
         source,
     })?;
     Ok(a.as_primitive::<Int64Type>().clone())
+}
+
+/// A one-column batch `_key` of `keys`, for [`read_keys`].
+pub fn keys_batch<'a>(keys: impl Iterator<Item = &'a str>) -> crate::error::Result<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
+    let arr: ArrayRef = Arc::new(StringArray::from_iter_values(keys));
+    Ok(RecordBatch::try_new(schema, vec![arr])?)
+}
+
+/// `b` with the columns of `target`, by name, cast to the target types.
+pub fn conform(b: &RecordBatch, target: &SchemaRef) -> crate::error::Result<RecordBatch> {
+    let cols = target
+        .fields()
+        .iter()
+        .map(|f| {
+            let c = b
+                .column_by_name(f.name())
+                .ok_or_else(|| ColumnError::Missing(f.name().to_string()))?;
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                Ok(cast(c, f.data_type())?)
+            }
+        })
+        .collect::<crate::error::Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(target.clone(), cols)?)
 }
 
 #[cfg(test)]

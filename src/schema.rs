@@ -12,6 +12,9 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
+/// The ingestion batch a bronze row came in (the job positions count these).
+pub const BATCH_ID: &str = "_batch_id";
+
 /// Name of the event date partition column of bronze tables.
 pub const EVENT_DATE: &str = "event_date";
 /// Bookkeeping columns kestrel adds to every bronze row.

@@ -121,7 +121,7 @@ impl Touches {
     pub fn keys_batch(&self) -> Result<RecordBatch> {
         let mut keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
         keys.sort_unstable();
-        crate::runner::read::keys_batch(keys.into_iter())
+        crate::columns::keys_batch(keys.into_iter())
     }
 
     /// Event-time ranges `[t − horizon, t + horizon]` around every touch, merged: where
@@ -208,7 +208,7 @@ pub async fn facts(
     let schema = facts_schema();
     let conformed = out
         .iter()
-        .map(|b| crate::runner::read::conform(b, &schema))
+        .map(|b| crate::columns::conform(b, &schema))
         .collect::<Result<Vec<_>>>()?;
     Ok(arrow::compute::concat_batches(&schema, &conformed)?)
 }

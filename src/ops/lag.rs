@@ -20,7 +20,7 @@ use datafusion::prelude::col;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::runner::read::ts_lit;
+use crate::sink::delta::ts_lit;
 use crate::sink::delta::{self, Warehouse};
 use crate::time::Micros;
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow::array::RecordBatch;
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::JoinType;
@@ -16,13 +16,8 @@ use crate::job::plan::Cutoff;
 use crate::schema::EVENT_DATE;
 use crate::time::Micros;
 
-/// A timestamp literal (micros, UTC).
-pub fn ts_lit(v: Micros) -> Expr {
-    lit(ScalarValue::TimestampMicrosecond(
-        Some(v),
-        Some(Arc::from("UTC")),
-    ))
-}
+pub use crate::columns::{conform, keys_batch};
+pub use crate::sink::delta::ts_lit;
 
 /// `column IN (dates)` over a Date32 partition column (days since the epoch).
 pub fn dates_in(column: &str, days: &[i32]) -> Expr {
@@ -102,7 +97,7 @@ impl Applied<'_> {
 }
 
 /// Bronze column of the ingestion batch that wrote a row.
-pub const BATCH_ID: &str = "_batch_id";
+pub use crate::schema::BATCH_ID;
 
 /// Ranges wider than this are read without an event-date list (about 3 years).
 const MAX_LISTED_SPAN: Micros = 1100 * crate::job::aggregate::DAY;
@@ -177,13 +172,6 @@ pub async fn read(
     collect(df, &what, target).await
 }
 
-/// A one-column batch `_key` of `keys`, for [`read_keys`].
-pub fn keys_batch<'a>(keys: impl Iterator<Item = &'a str>) -> Result<RecordBatch> {
-    let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
-    let arr: ArrayRef = Arc::new(StringArray::from_iter_values(keys));
-    Ok(RecordBatch::try_new(schema, vec![arr])?)
-}
-
 /// Like [`read`], restricted to rows whose `key` column is one of `keys` (a batch made by
 /// [`keys_batch`]): a semi join in the same plan, so the filter prunes files first.
 pub async fn read_keys(
@@ -248,29 +236,10 @@ async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<
     Ok(concat_batches(target, &conformed)?)
 }
 
-/// `b` with the columns of `target`, by name, cast to the target types.
-pub fn conform(b: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
-    let cols = target
-        .fields()
-        .iter()
-        .map(|f| {
-            let c = b
-                .column_by_name(f.name())
-                .ok_or_else(|| Error::Other(format!("query result lacks column {}", f.name())))?;
-            if c.data_type() == f.data_type() {
-                Ok(c.clone())
-            } else {
-                Ok(cast(c, f.data_type())?)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new(target.clone(), cols)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int64Array, TimestampMicrosecondArray};
+    use arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
 
     #[test]
     fn applied_rows_drop_what_was_too_late_for_its_batch() {

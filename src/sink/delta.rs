@@ -223,6 +223,14 @@ async fn txn_version_inner(table: &DeltaTable, app_id: &str) -> Result<Option<i6
     super::txn::version(table, app_id).await
 }
 
+/// A timestamp literal (micros, UTC) for filters over kestrel's tables.
+pub fn ts_lit(v: crate::time::Micros) -> datafusion::prelude::Expr {
+    datafusion::prelude::lit(datafusion::common::ScalarValue::TimestampMicrosecond(
+        Some(v),
+        Some(std::sync::Arc::from("UTC")),
+    ))
+}
+
 /// Whether `table` holds the commit of `(app_id, version)`: its last recorded version of
 /// `app_id` is at least `version` (a writer's versions only grow, so equal or higher
 /// means this batch, or a later one, is in).

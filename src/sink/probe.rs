@@ -97,7 +97,7 @@ pub async fn existing_ids(
     let probe = Probe {
         column: "event_id",
         partition: (crate::schema::EVENT_DATE, dates),
-        exclude: Some((crate::runner::read::BATCH_ID, exclude_batch)),
+        exclude: Some((crate::schema::BATCH_ID, exclude_batch)),
     };
     existing(table, &probe, incoming).await
 }
