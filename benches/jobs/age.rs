@@ -19,7 +19,10 @@
 //!
 //! Prints progress every simulated hour, then the cost curve: medians of runs 1–12, of
 //! the last 12 of day 1 and of the last 12 of day 7, their ratios, the slowest run, the
-//! peak RSS, and a run with nothing new at the end. Every run is also written to
+//! peak RSS, and a run with nothing new at the end. At each day's end the aged warehouse
+//! is measured beside the young one (as it was at run 12) in alternating pairs of runs,
+//! each on a fresh copy started as a new process, so the ratio is of ages, not of the
+//! machine's minute-to-minute drift. Every run is also written to
 //! `age-<mode>.csv` in the working directory. `KESTREL_AGE_PROFILE=1` adds where each
 //! hour's time went; `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone.
 
@@ -69,61 +72,60 @@ fn copy_dir(from: &Path, to: &Path) {
     assert!(ok, "cp -a {} {}", from.display(), to.display());
 }
 
-/// Open every table under `warehouse` (untimed), so the run that follows finds them kept
-/// as the aged pipeline's runs do: the ratio compares ages, not a cold start with warm.
-async fn open_all(warehouse: &Path) {
-    let wh = kestrel::sink::delta::Warehouse::new(
-        kestrel::storage::Location::open(warehouse.to_str().unwrap(), &BTreeMap::new(), true)
-            .unwrap(),
-    );
-    let mut stack = vec![warehouse.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if !p.is_dir() {
-                continue;
-            }
-            if p.join("_delta_log").is_dir() {
-                let rel = p
-                    .strip_prefix(warehouse)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                wh.open(&rel).await.unwrap();
-            } else if p.file_name().is_none_or(|n| n != "_delta_log") {
-                stack.push(p);
-            }
-        }
-    }
-}
+/// Side-by-side pairs at each day's end.
+const PAIRS: usize = 5;
 
-/// Run 13 on fresh copies of the young warehouse (three times; median seconds), its
-/// tables opened beforehand like the aged warehouse's.
-async fn control(
-    young: &Path,
-    base: &Path,
+/// One run on a fresh copy of `warehouse` (landing files read from `landing`), started
+/// as the aged runs are: as a new process, nothing kept. Seconds.
+async fn run_on_copy(
+    warehouse: &Path,
+    landing: &Path,
+    copy: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
     specs: &[JobSpec],
 ) -> f64 {
-    let mut times = Vec::new();
-    for k in 0..3 {
-        let copy = base.join(format!("control-{k}"));
-        copy_dir(young, &copy);
-        let mut cfg = Config::defaults(&copy);
-        cfg.landing = copy.join("landing").display().to_string();
-        cfg.warehouse = copy.join("warehouse").display().to_string();
-        kestrel::sink::tables::clear();
-        open_all(&copy.join("warehouse")).await;
-        kestrel::sink::timings::take();
-        let t = Instant::now();
-        run_once(&cfg, schemas, specs).await;
-        times.push(t.elapsed().as_secs_f64());
-        let _ = std::fs::remove_dir_all(&copy);
+    copy_dir(warehouse, copy);
+    let mut cfg = Config::defaults(copy);
+    cfg.landing = landing.display().to_string();
+    cfg.warehouse = copy.display().to_string();
+    kestrel::sink::tables::clear();
+    kestrel::sink::timings::take();
+    let t = Instant::now();
+    run_once(&cfg, schemas, specs).await;
+    let s = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(copy);
+    s
+}
+
+/// The day's-end side by side: [`PAIRS`] alternating runs of the young warehouse's run
+/// 13 and of the aged warehouse's last drop (both on fresh copies, back to back, so the
+/// machine's drift over minutes falls on both alike). Returns (aged, young) medians and
+/// the median of the pairs' ratios.
+async fn side_by_side(
+    young: &Path,
+    aged: &Path,
+    landing: &Path,
+    base: &Path,
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+    specs: &[JobSpec],
+) -> (f64, f64, f64) {
+    let copy = base.join("control");
+    let (mut a, mut y, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..PAIRS {
+        let ys = run_on_copy(
+            &young.join("warehouse"),
+            &young.join("landing"),
+            &copy,
+            schemas,
+            specs,
+        )
+        .await;
+        let as_ = run_on_copy(aged, landing, &copy, schemas, specs).await;
+        y.push(ys);
+        a.push(as_);
+        r.push(as_ / ys);
     }
-    median(&times)
+    (median(&a), median(&y), median(&r))
 }
 
 /// Which drops.
@@ -552,7 +554,8 @@ pub async fn age(
         warm.elapsed().as_secs_f64()
     );
     let young = base.join(format!("age-{}-young", size.name()));
-    let mut controls: Vec<(usize, f64, f64)> = Vec::new();
+    let mut controls: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
+    let before_last = base.join(format!("age-{}-day-end", size.name()));
     let mut done: Vec<Run> = Vec::with_capacity(runs);
     let mut maint_s: Vec<f64> = Vec::new();
     let mut last_slot_day = None;
@@ -586,6 +589,10 @@ pub async fn age(
         if i == CONTROL_AT {
             // The young warehouse, ready for run 13: measured again beside the aged one.
             copy_dir(&dir, &young);
+        }
+        if (i + 1) % 288 == 0 && i > CONTROL_AT {
+            // The aged warehouse before the day's last run, for the side by side.
+            copy_dir(Path::new(&cfg.warehouse), &before_last);
         }
         // Each cron-driven `kestrel run` is a new process: nothing kept from the last,
         // and its own peak memory (freed memory returned, the peak counter reset).
@@ -623,21 +630,19 @@ pub async fn age(
         .unwrap();
         done.push(run);
         if (i + 1) % 288 == 0 && i > CONTROL_AT {
-            let aged = median(
+            let last12 = median(
                 &done[done.len() - 12..]
                     .iter()
                     .map(|r| r.total_s)
                     .collect::<Vec<_>>(),
             );
-            let young_now = control(&young, base, schemas, &specs).await;
-            // The control let go of the aged warehouse's tables: open them again.
-            open_all(Path::new(&cfg.warehouse)).await;
+            let (aged, young_now, ratio) =
+                side_by_side(&young, &before_last, &landing, base, schemas, &specs).await;
             println!(
-                "  day {} ends: last 12 runs {aged:.2} s; the warehouse as it was at run 12, measured now: {young_now:.2} s; aged ÷ young {:.2}",
+                "  day {} ends: last 12 runs {last12:.2} s; side by side ({PAIRS} pairs): the day's last drop on the aged warehouse {aged:.2} s, run 13 on the run-12 warehouse {young_now:.2} s; aged ÷ young {ratio:.2}",
                 (i + 1) / 288,
-                aged / young_now
             );
-            controls.push(((i + 1) / 288, aged, young_now));
+            controls.push(((i + 1) / 288, last12, aged, young_now, ratio));
         }
         if (i + 1) % 12 == 0 {
             csv.flush().unwrap();
@@ -723,10 +728,9 @@ pub async fn age(
             median(&maint_s)
         );
     }
-    for (day, aged, young_now) in &controls {
+    for (day, last12, aged, young_now, ratio) in &controls {
         println!(
-            "  side by side at the end of day {day}: last 12 runs {aged:.2} s ÷ run 13 on the run-12 warehouse {young_now:.2} s = {:.2} (target ≤ 1.2)",
-            aged / young_now
+            "  side by side at the end of day {day}: the day's last drop on the aged warehouse {aged:.2} s ÷ run 13 on the run-12 warehouse {young_now:.2} s, median of {PAIRS} pairs' ratios {ratio:.2} (target ≤ 1.2); last 12 runs {last12:.2} s",
         );
     }
     let worst = done.iter().map(|r| r.rss_mb).fold(0.0, f64::max);
