@@ -147,7 +147,7 @@ impl Error {
 
     pub(crate) fn delta(table: impl Into<String>, source: deltalake::DeltaTableError) -> Self {
         Error::Delta {
-            table: table.into(),
+            table: crate::sink::delta::shown(table.into()),
             source,
         }
     }
@@ -157,7 +157,7 @@ impl Error {
         source: datafusion::error::DataFusionError,
     ) -> Self {
         Error::Query {
-            what: what.into(),
+            what: crate::sink::delta::shown(what.into()),
             source,
         }
     }

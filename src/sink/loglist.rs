@@ -11,7 +11,8 @@
 //! the directory's names: entries at or before the offset are skipped by name, and only
 //! the rest are stat'ed. Anything it is not sure about (a prefix that is not a
 //! `_delta_log`, a name that would need percent-encoding, a symlink, an I/O error) goes to
-//! the wrapped store unchanged, as does every other operation.
+//! the wrapped store unchanged, as does every other operation. Listings of a `_delta_log`
+//! come in name order, as an object store's do (see [`sorted`]).
 
 use std::sync::Arc;
 
@@ -68,7 +69,28 @@ fn log_after(prefix: &Path, offset: &Path) -> Option<Vec<ObjectMeta>> {
     let dir = std::path::PathBuf::from(format!("/{}", prefix.as_ref()));
     let mut out = Vec::new();
     walk(&dir, prefix.as_ref(), offset.as_ref(), &mut out)?;
+    out.sort_unstable_by(|a, b| a.location.cmp(&b.location));
     Some(out)
+}
+
+/// `listing` in name order. The Delta kernel expects a log listing sorted by name from
+/// every store but a `file` URL's (S3 lists in order; a local directory does not), and a
+/// local warehouse's tables are opened under their own scheme
+/// (`sink::delta::LOCAL_TABLE_SCHEME`).
+fn sorted(
+    listing: BoxStream<'static, object_store::Result<ObjectMeta>>,
+) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+    async move {
+        let mut all: Vec<ObjectMeta> = match listing.collect::<Vec<_>>().await.into_iter().collect()
+        {
+            Ok(v) => v,
+            Err(e) => return futures::stream::iter([Err(e)]).boxed(),
+        };
+        all.sort_unstable_by(|a, b| a.location.cmp(&b.location));
+        futures::stream::iter(all.into_iter().map(Ok)).boxed()
+    }
+    .flatten_stream()
+    .boxed()
 }
 
 /// Whether `tail` (the offset below this directory) lies inside subdirectory `name`: its
@@ -183,7 +205,10 @@ impl ObjectStore for LogListing {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        match prefix {
+            Some(p) if p.filename() == Some("_delta_log") => sorted(self.inner.list(prefix)),
+            _ => self.inner.list(prefix),
+        }
     }
 
     fn list_with_offset(
@@ -197,7 +222,7 @@ impl ObjectStore for LogListing {
         if tokio::runtime::Handle::try_current().is_err() {
             return match log_after(prefix, offset) {
                 Some(v) => futures::stream::iter(v.into_iter().map(Ok)).boxed(),
-                None => self.inner.list_with_offset(Some(prefix), offset),
+                None => sorted(self.inner.list_with_offset(Some(prefix), offset)),
             };
         }
         let (inner, prefix, offset) = (self.inner.clone(), prefix.clone(), offset.clone());
@@ -209,7 +234,7 @@ impl ObjectStore for LogListing {
                 .flatten();
             match fast {
                 Some(v) => futures::stream::iter(v.into_iter().map(Ok)).boxed(),
-                None => inner.list_with_offset(Some(&prefix), &offset),
+                None => sorted(inner.list_with_offset(Some(&prefix), &offset)),
             }
         }
         .flatten_stream()
@@ -293,5 +318,43 @@ mod tests {
         // Not a log directory: the wrapped store answers.
         let table = Path::from_absolute_path(dir.path().join("t")).unwrap();
         assert!(log_after(&table, &offset).is_none());
+    }
+
+    /// A log listing comes in name order as it is, whoever answers it (the Delta kernel
+    /// trusts the order of every store but a `file` URL's): by name, and through the
+    /// wrapped store for a log whose path needs percent-encoding.
+    #[tokio::test]
+    async fn log_listings_come_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for table in ["t", "t %x"] {
+            let log = dir.path().join(table).join("_delta_log");
+            std::fs::create_dir_all(&log).unwrap();
+            // Written out of order, so directory order is unlikely to be name order.
+            for v in [7u64, 2, 9, 0, 5, 1, 8, 3, 6, 4, 11, 10] {
+                std::fs::write(log.join(format!("{v:020}.json")), b"x").unwrap();
+            }
+            let fast = LogListing::new(Arc::new(LocalFileSystem::new()));
+            let prefix = Path::from_absolute_path(&log).unwrap();
+            let offset = Path::from(format!("{}/00000000000000000001.json", prefix.as_ref()));
+            for got in [
+                fast.list_with_offset(Some(&prefix), &offset)
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .unwrap(),
+                fast.list(Some(&prefix))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .unwrap(),
+            ] {
+                let names: Vec<String> = got
+                    .iter()
+                    .filter_map(|m| m.location.filename().map(str::to_string))
+                    .collect();
+                let mut want = names.clone();
+                want.sort();
+                assert_eq!(names, want, "{table}");
+                assert!(names.len() >= 10, "{table}: {names:?}");
+            }
+        }
     }
 }
