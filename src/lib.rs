@@ -13,6 +13,7 @@ pub mod job;
 pub mod lease;
 pub mod ledger;
 pub mod names;
+pub mod operator;
 pub mod ops;
 pub mod runlog;
 pub mod runner;

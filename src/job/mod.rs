@@ -4,8 +4,5 @@
 
 pub mod aggregate;
 pub mod keys;
-pub mod operator;
-pub mod payments;
 pub mod plan;
 pub mod spec;
-pub mod stockout;

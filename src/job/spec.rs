@@ -11,12 +11,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::MemTable;
-use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::SessionContext;
-
 use crate::config::{files_with_extension, parse_duration};
 use crate::error::{Error, Result};
 use crate::names;
@@ -42,8 +36,8 @@ const BUILTIN: [(&str, &str); 7] = [
     ("stockout", include_str!("../../jobs/stockout.toml")),
 ];
 
-/// Rust operators a job may name.
-pub const OPERATORS: [&str; 3] = ["payments_fast", "payment_reconciliation", "stockout"];
+/// Rust operators a job may name (`operator = "…"`).
+pub use crate::operator::NAMES as OPERATORS;
 
 /// What happens to events too late for the job (both are counted in the run log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,20 +107,7 @@ impl JobSpec {
     }
 }
 
-pub use crate::job::payments::{PaymentMode, PaymentParams};
-
-/// Columns (and types) the payments operators need from their two sources.
-const ORDER_COLUMNS: [(&str, crate::schema::FieldType); 3] = [
-    ("order_id", crate::schema::FieldType::String),
-    ("event_ts", crate::schema::FieldType::Timestamp),
-    ("amount_cents", crate::schema::FieldType::Int64),
-];
-const PAYMENT_COLUMNS: [(&str, crate::schema::FieldType); 4] = [
-    ("order_id", crate::schema::FieldType::String),
-    ("event_ts", crate::schema::FieldType::Timestamp),
-    ("amount_cents", crate::schema::FieldType::Int64),
-    ("status", crate::schema::FieldType::String),
-];
+pub use crate::operator::payments::matching::{PaymentMode, PaymentParams};
 
 /// One job definition.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,24 +126,24 @@ pub struct JobSpec {
     pub merge_keys: Vec<String>,
 }
 
-struct Fields<'a> {
-    file: &'a str,
-    prefix: &'a str,
-    table: &'a toml::Table,
+pub(crate) struct Fields<'a> {
+    pub(crate) file: &'a str,
+    pub(crate) prefix: &'a str,
+    pub(crate) table: &'a toml::Table,
 }
 
 impl<'a> Fields<'a> {
-    fn name(&self, key: &str) -> String {
+    pub(crate) fn name(&self, key: &str) -> String {
         if self.prefix.is_empty() {
             key.to_string()
         } else {
             format!("{}.{key}", self.prefix)
         }
     }
-    fn err(&self, key: &str, expected: impl Into<String>) -> Error {
+    pub(crate) fn err(&self, key: &str, expected: impl Into<String>) -> Error {
         Error::config(self.file, self.name(key), expected)
     }
-    fn only(&self, known: &[&str]) -> Result<()> {
+    pub(crate) fn only(&self, known: &[&str]) -> Result<()> {
         for k in self.table.keys() {
             if !known.contains(&k.as_str()) {
                 return Err(self.err(k, format!("one of the known fields ({})", known.join(", "))));
@@ -170,7 +151,7 @@ impl<'a> Fields<'a> {
         }
         Ok(())
     }
-    fn str_opt(&self, key: &str) -> Result<Option<&'a str>> {
+    pub(crate) fn str_opt(&self, key: &str) -> Result<Option<&'a str>> {
         match self.table.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -179,11 +160,11 @@ impl<'a> Fields<'a> {
                 .ok_or_else(|| self.err(key, format!("a string, got {}", v.type_str()))),
         }
     }
-    fn str(&self, key: &str) -> Result<&'a str> {
+    pub(crate) fn str(&self, key: &str) -> Result<&'a str> {
         self.str_opt(key)?
             .ok_or_else(|| self.err(key, "a value (the field is required)"))
     }
-    fn list(&self, key: &str) -> Result<Option<Vec<String>>> {
+    pub(crate) fn list(&self, key: &str) -> Result<Option<Vec<String>>> {
         let Some(v) = self.table.get(key) else {
             return Ok(None);
         };
@@ -199,14 +180,14 @@ impl<'a> Fields<'a> {
             .collect::<Result<Vec<_>>>()
             .map(Some)
     }
-    fn duration(&self, key: &str, default: Duration) -> Result<Duration> {
+    pub(crate) fn duration(&self, key: &str, default: Duration) -> Result<Duration> {
         match self.str_opt(key)? {
             None => Ok(default),
             Some(s) => parse_duration(s)
                 .map_err(|e| self.err(key, format!("a duration such as \"5m\" ({e})"))),
         }
     }
-    fn sub(&self, key: &'a str) -> Result<Option<Fields<'a>>> {
+    pub(crate) fn sub(&self, key: &'a str) -> Result<Option<Fields<'a>>> {
         match self.table.get(key) {
             None => Ok(None),
             Some(v) => {
@@ -223,7 +204,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn is_identifier(s: &str) -> bool {
+pub(crate) fn is_identifier(s: &str) -> bool {
     let mut c = s.chars();
     c.next().is_some_and(|f| f.is_ascii_lowercase() || f == '_')
         && c.all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || x == '_')
@@ -348,61 +329,21 @@ pub async fn parse(
                     );
                 }
             }
-            match op {
-                "payments_fast" | "payment_reconciliation" => {
-                    let mode = if op == "payments_fast" {
-                        PaymentMode::Fast
-                    } else {
-                        PaymentMode::Reconcile
-                    };
-                    payments_kind(&top, mode, &sources, schemas)?
-                }
-                "stockout" => stockout_kind(&top, &sources, schemas)?,
-                other => {
-                    return Err(top.err(
-                        "operator",
-                        format!("one of {}, got {other:?}", OPERATORS.join(", ")),
-                    ))
-                }
-            }
+            crate::operator::parse(op, &top, &sources, schemas)?
         }
-        None => aggregate_kind(&top, &sources, schemas).await?,
+        None => crate::operator::windowed::parse(&top, &sources, schemas).await?,
     };
-    let merge_keys = match (&kind, merge_keys_given) {
-        (_, Some(k)) if k.is_empty() => {
+    let merge_keys = match merge_keys_given {
+        Some(k) if k.is_empty() => {
             return Err(Error::config(
                 file,
                 "sink.merge_keys",
                 "at least one column",
             ))
         }
-        (JobKind::Payments { .. }, Some(k)) if k != [crate::job::payments::ORDER_ID] => {
-            return Err(Error::config(
-                file,
-                "sink.merge_keys",
-                format!("[\"order_id\"] (the payments operators' key), got {k:?}"),
-            ))
-        }
-        (JobKind::Stockout { .. }, Some(k)) if k != ["sku", "minute"] => {
-            return Err(Error::config(
-                file,
-                "sink.merge_keys",
-                format!("[\"sku\", \"minute\"] (the alerts' key), got {k:?}"),
-            ))
-        }
-        (_, Some(k)) => k,
-        (JobKind::Aggregate { keys, window, .. }, None) => {
-            let mut k = keys.clone();
-            k.push(window_start_column(window).to_string());
-            k
-        }
-        (JobKind::Payments { .. } | JobKind::Stockout { .. }, None) => {
-            return Err(Error::config(
-                file,
-                "sink.merge_keys",
-                "the operator's natural key columns",
-            ))
-        }
+        given => crate::operator::of(&kind)
+            .merge_keys(given)
+            .map_err(|want| Error::config(file, "sink.merge_keys", want))?,
     };
     Ok(JobSpec {
         name,
@@ -424,47 +365,8 @@ pub fn window_start_column(w: &WindowSpec) -> &'static str {
     }
 }
 
-/// The stock-out operator: one inventory source with the columns it reads, and
-/// `[params] availability_table` (default `gold/sku_availability`).
-fn stockout_kind(
-    top: &Fields<'_>,
-    sources: &[String],
-    schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
-    use crate::schema::FieldType as T;
-    if sources.len() != 1 {
-        return Err(top.err("sources", "one inventory source (e.g. [\"inventory\"])"));
-    }
-    check_columns(
-        top,
-        &sources[0],
-        &[
-            ("sku", T::String),
-            ("event_ts", T::Timestamp),
-            ("event_id", T::String),
-            ("kind", T::String),
-            ("quantity", T::Int64),
-        ],
-        schemas,
-    )?;
-    let mut availability_table = names::table::SKU_AVAILABILITY.to_string();
-    if let Some(p) = top.sub("params")? {
-        p.only(&["availability_table"])?;
-        if let Some(t) = p.str_opt("availability_table")? {
-            if !names::table::is_gold(t) {
-                return Err(p.err(
-                    "availability_table",
-                    format!("a path under gold/, got {t:?}"),
-                ));
-            }
-            availability_table = t.to_string();
-        }
-    }
-    Ok(JobKind::Stockout { availability_table })
-}
-
 /// `source` has each of `needed` as a required field of that type.
-fn check_columns(
+pub(crate) fn check_columns(
     top: &Fields<'_>,
     source: &str,
     needed: &[(&str, crate::schema::FieldType)],
@@ -491,190 +393,6 @@ fn check_columns(
         }
     }
     Ok(())
-}
-
-/// A payments operator: two sources (order lines, then payments) with the columns it
-/// reads, and its `[params]`.
-fn payments_kind(
-    top: &Fields<'_>,
-    mode: PaymentMode,
-    sources: &[String],
-    schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
-    if sources.len() != 2 {
-        return Err(top.err(
-            "sources",
-            "two sources: order lines, then payments (e.g. [\"orders\", \"payments\"])",
-        ));
-    }
-    check_columns(top, &sources[0], &ORDER_COLUMNS, schemas)?;
-    check_columns(top, &sources[1], &PAYMENT_COLUMNS, schemas)?;
-    let mut params = PaymentParams::default();
-    if let Some(p) = top.sub("params")? {
-        let known: &[&str] = match mode {
-            PaymentMode::Fast => &["business_window", "horizon", "fast_within"],
-            PaymentMode::Reconcile => &["business_window", "horizon"],
-        };
-        p.only(known)?;
-        let positive = |key: &str, default: Duration| -> Result<Duration> {
-            let d = p.duration(key, default)?;
-            if d.is_zero() {
-                return Err(p.err(key, "a positive duration"));
-            }
-            Ok(d)
-        };
-        params.business_window = positive("business_window", params.business_window)?;
-        params.horizon = positive("horizon", params.horizon)?;
-        params.fast_within = positive("fast_within", params.fast_within)?;
-        if params.horizon < params.business_window {
-            return Err(p.err("horizon", "a duration at least as long as business_window"));
-        }
-    }
-    Ok(JobKind::Payments { mode, params })
-}
-
-async fn aggregate_kind(
-    top: &Fields<'_>,
-    sources: &[String],
-    schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
-    if sources.len() != 1 {
-        return Err(top.err("sources", "exactly one source for a windowed aggregate job"));
-    }
-    let schema = &schemas[&sources[0]];
-    let keys = top
-        .list("keys")?
-        .ok_or_else(|| top.err("keys", "a list of key columns"))?;
-    for k in &keys {
-        if schema.index_of(k).is_none() {
-            let cols: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
-            return Err(top.err(
-                "keys",
-                format!(
-                    "columns of {} ({}); `{k}` is not one",
-                    schema.name,
-                    cols.join(", ")
-                ),
-            ));
-        }
-    }
-    let w = top.sub("window")?.ok_or_else(|| {
-        top.err(
-            "window",
-            "a [window] table (kind = tumbling | sliding | session)",
-        )
-    })?;
-    w.only(&["kind", "size", "slide", "gap"])?;
-    let need = |key: &str| -> Result<Duration> {
-        let d = w.duration(key, Duration::ZERO)?;
-        if d.is_zero() {
-            return Err(w.err(key, "a positive duration"));
-        }
-        Ok(d)
-    };
-    let window = match w.str("kind")? {
-        "tumbling" => WindowSpec::tumbling(need("size")?).map_err(|e| w.err("size", e))?,
-        "sliding" => {
-            WindowSpec::sliding(need("size")?, need("slide")?).map_err(|e| w.err("slide", e))?
-        }
-        "session" => WindowSpec::session(need("gap")?).map_err(|e| w.err("gap", e))?,
-        other => {
-            return Err(w.err(
-                "kind",
-                format!("tumbling, sliding or session, got {other:?}"),
-            ))
-        }
-    };
-    let a = top.sub("aggregates")?.ok_or_else(|| {
-        top.err(
-            "aggregates",
-            "a table of output column = \"SQL aggregate expression\"",
-        )
-    })?;
-    let mut aggregates = Vec::new();
-    for (col, v) in a.table {
-        let expr = v
-            .as_str()
-            .ok_or_else(|| a.err(col, "a SQL aggregate expression string"))?;
-        if !is_identifier(col)
-            || keys.contains(col)
-            || [
-                "window_start",
-                "window_end",
-                "session_start",
-                "session_end",
-                "is_final",
-            ]
-            .contains(&col.as_str())
-            || col.starts_with('_')
-        {
-            return Err(a.err(
-                col,
-                "a lower-case output column name that is not a key or window column",
-            ));
-        }
-        aggregates.push((col.clone(), expr.to_string()));
-    }
-    if aggregates.is_empty() {
-        return Err(a.err("", "at least one aggregate"));
-    }
-    // Plan each expression with DataFusion against an empty table of the columns a job
-    // reads from bronze.
-    let ctx = SessionContext::new();
-    let input = crate::job::aggregate::job_input_schema(&schema.bronze, None);
-    let empty = MemTable::try_new(input.clone(), vec![vec![RecordBatch::new_empty(input)]])
-        .map_err(|e| Error::query("empty events table", e))?;
-    ctx.register_table("events", Arc::new(empty))
-        .map_err(|e| Error::query("empty events table", e))?;
-    let group = keys
-        .iter()
-        .map(|k| format!("\"{k}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut inputs = std::collections::BTreeSet::new();
-    for (col, expr) in &aggregates {
-        let sql = if group.is_empty() {
-            format!("SELECT {expr} AS \"{col}\" FROM events")
-        } else {
-            format!("SELECT {group}, {expr} AS \"{col}\" FROM events GROUP BY {group}")
-        };
-        let planned = match ctx.sql(&sql).await {
-            Ok(df) => df.into_optimized_plan(),
-            Err(e) => Err(e),
-        };
-        match planned {
-            Ok(plan) => scanned_columns(&plan, &mut inputs),
-            Err(e) => {
-                let msg = e.to_string();
-                let first = msg.lines().next().unwrap_or_default().to_string();
-                return Err(a.err(
-                    col,
-                    format!("an aggregate over {} columns ({first})", schema.name),
-                ));
-            }
-        }
-    }
-    Ok(JobKind::Aggregate {
-        keys,
-        window,
-        aggregates,
-        inputs: inputs.into_iter().collect(),
-    })
-}
-
-/// Add the columns the table scans of `plan` read to `out`.
-fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<String>) {
-    let _ = plan.apply(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            out.extend(
-                scan.projected_schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().clone()),
-            );
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
 }
 
 /// Load the shipped jobs, then `dir/*.toml` (which may override them by name).

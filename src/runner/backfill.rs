@@ -41,7 +41,7 @@ use super::StopFlag;
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg};
 use crate::job::plan;
-use crate::job::spec::{JobKind, JobSpec};
+use crate::job::spec::JobSpec;
 use crate::lease::Lease;
 use crate::names;
 
@@ -137,36 +137,36 @@ struct Checkpoint {
 
 /// What a day's recompute reads: the job's state after its last batch, and sessions
 /// over every source's bronze (`bronze_<source>`) and the job's late ledger (`late`).
-pub(super) struct DayInput {
-    pub(super) watermark: Option<Micros>,
-    pub(super) positions: BTreeMap<String, i64>,
-    pub(super) as_of_batch: i64,
-    pub(super) ctx: SessionContext,
-    pub(super) late: Option<SessionContext>,
+pub struct DayInput {
+    pub(crate) watermark: Option<Micros>,
+    pub(crate) positions: BTreeMap<String, i64>,
+    pub(crate) as_of_batch: i64,
+    pub(crate) ctx: SessionContext,
+    pub(crate) late: Option<SessionContext>,
 }
 
 impl DayInput {
-    pub(super) fn position(&self, source: &str) -> i64 {
+    pub(crate) fn position(&self, source: &str) -> i64 {
         self.positions.get(source).copied().unwrap_or(0)
     }
 }
 
 /// A day's recomputed gold rows (merge schema, all upserts, all in the day's partition).
-pub(super) struct Restated {
-    pub(super) rows: RecordBatch,
-    pub(super) gold_schema: SchemaRef,
+pub struct Restated {
+    pub(crate) rows: RecordBatch,
+    pub(crate) gold_schema: SchemaRef,
     /// Columns that identify a row (the merge keys).
-    pub(super) ident: Vec<String>,
+    pub(crate) ident: Vec<String>,
     /// The date partition column (a day's rows are those of `partition = day`)…
-    pub(super) partition: &'static str,
+    pub(crate) partition: &'static str,
     /// …and every partition column a new table gets.
-    pub(super) partitions: &'static [&'static str],
-    pub(super) with_too_late: Vec<String>,
+    pub(crate) partitions: &'static [&'static str],
+    pub(crate) with_too_late: Vec<String>,
 }
 
 /// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
 /// event times `[from, to)`, restricted to their event dates.
-pub(super) fn consumed_in(
+pub(crate) fn consumed_in(
     (from, to): (Micros, Micros),
     position: i64,
 ) -> datafusion::prelude::Expr {
@@ -184,7 +184,7 @@ pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
 }
 
 /// Values of `columns` of row `i`, formatted and joined (a comparable identity).
-pub(super) fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
+pub(crate) fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
     let mut s = String::new();
     for f in formatters {
         s.push_str(&f.value(i).to_string());
@@ -193,7 +193,7 @@ pub(super) fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
     s
 }
 
-pub(super) fn formatters<'a>(
+pub(crate) fn formatters<'a>(
     b: &'a RecordBatch,
     columns: &[String],
 ) -> Result<Vec<ArrayFormatter<'a>>> {
@@ -297,7 +297,7 @@ impl JobRunner {
             days: Vec::new(),
         };
         // Every source's bronze as `bronze_<source>`.
-        let ctx = self.payments_session(spec).await?;
+        let ctx = self.sources_session(spec).await?;
         let late = match self.wh.open(&names::table::late(&spec.name)).await? {
             Some(t) => Some(delta::session_with(&t, "late").await?),
             None => None,
@@ -343,14 +343,7 @@ impl JobRunner {
 
     /// Recompute one day and MERGE what changed.
     async fn backfill_day(&self, spec: &JobSpec, day: i32, input: &DayInput) -> Result<DayReport> {
-        let r = match &spec.kind {
-            JobKind::Payments { mode, params } => {
-                self.restate_payments(spec, *mode, params, day, input)
-                    .await?
-            }
-            JobKind::Stockout { .. } => self.restate_stockout(spec, day, input).await?,
-            _ => self.restate_windows(spec, day, input).await?,
-        };
+        let r = spec.operator().restate(self, spec, day, input).await?;
         self.apply_restated(spec, day, r).await
     }
 

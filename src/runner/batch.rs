@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::fault;
 use crate::job::aggregate::{self as agg};
 use crate::job::plan::{self, Input, JobCounts, JobPlan, JobResult, JobState};
-use crate::job::spec::{JobKind, JobSpec, LatePolicy};
+use crate::job::spec::{JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::names;
 use crate::runlog::{self, JobEntry};
@@ -81,17 +81,17 @@ impl JobReport {
 }
 
 /// A computed batch: its durable result and the rows to commit.
-pub(super) struct Computed {
-    pub(super) result: JobResult,
-    pub(super) late: Option<RecordBatch>,
+pub struct Computed {
+    pub(crate) result: JobResult,
+    pub(crate) late: Option<RecordBatch>,
     /// Gold MERGEs, committed in this order; the last one completes the batch's gold.
-    pub(super) gold: Vec<GoldRows>,
+    pub(crate) gold: Vec<GoldRows>,
 }
 
 impl Computed {
     /// The batch `plan` computed: its durable result (state after it, counts) and the
     /// rows to commit.
-    pub(super) fn new(
+    pub(crate) fn new(
         plan: &JobPlan,
         state: JobState,
         counts: JobCounts,
@@ -125,30 +125,30 @@ fn backoff(attempt: u32) -> std::time::Duration {
 
 /// Merge-source rows for one gold table.
 #[derive(Clone)]
-pub(super) struct GoldRows {
-    pub(super) table: String,
+pub struct GoldRows {
+    pub(crate) table: String,
     /// Application id of the table's commits (txn version = job batch).
-    pub(super) app: String,
+    pub(crate) app: String,
     /// Key columns and whether each is nullable.
-    pub(super) keys: Vec<(String, bool)>,
+    pub(crate) keys: Vec<(String, bool)>,
     /// The gold table's schema (the rows add `_op`).
-    pub(super) schema: SchemaRef,
-    pub(super) rows: Vec<RecordBatch>,
+    pub(crate) schema: SchemaRef,
+    pub(crate) rows: Vec<RecordBatch>,
     /// Partition columns of the gold table a new table gets (a date and its hour, or an
     /// integer bucket); a table created by an earlier release may have fewer.
-    pub(super) partitions: Vec<&'static str>,
+    pub(crate) partitions: Vec<&'static str>,
     /// Per partition column, values the MERGE must read besides those the rows go to
     /// (where rows that moved or are deleted may sit now); may be shorter than
     /// `partitions`.
-    pub(super) extra_partitions: Vec<Vec<ScalarValue>>,
+    pub(crate) extra_partitions: Vec<Vec<ScalarValue>>,
     /// Every row is an upsert of a key the table does not hold (the operator read the
     /// existing rows): append instead of MERGE, which reads no target file.
-    pub(super) append_only: bool,
+    pub(crate) append_only: bool,
 }
 
 /// The partitions a MERGE of `out` reads: per partition column, the values its rows go
 /// to and the extra ones (a literal `IN` list each, so pruning needs no statistics).
-pub(super) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<ScalarValue>)>> {
+pub(crate) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<ScalarValue>)>> {
     let mut parts = Vec::with_capacity(out.partitions.len());
     for (i, p) in out.partitions.iter().enumerate() {
         let mut values = out.extra_partitions.get(i).cloned().unwrap_or_default();
@@ -174,10 +174,10 @@ pub const GOLD_PARTITIONS: [&str; 2] = [GOLD_PARTITION, agg::WINDOW_HOUR];
 
 /// Runs jobs against one warehouse.
 pub struct JobRunner {
-    pub(super) wh: Warehouse,
+    pub(crate) wh: Warehouse,
     schemas: BTreeMap<String, Arc<SourceSchema>>,
     run_id: String,
-    pub(super) lease_ttl: std::time::Duration,
+    pub(crate) lease_ttl: std::time::Duration,
     stop: Option<super::StopFlag>,
     open: OpenCompaction,
     clock: Clock,
@@ -209,7 +209,7 @@ impl JobRunner {
     }
 
     /// Processing time now, in microseconds.
-    pub(super) fn now_us(&self) -> Micros {
+    pub(crate) fn now_us(&self) -> Micros {
         self.clock.now_us()
     }
 
@@ -314,7 +314,26 @@ impl JobRunner {
         Ok(())
     }
 
-    pub(super) fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
+    /// A session with every source's bronze table (an empty table for a source that has
+    /// no bronze yet).
+    pub(crate) async fn sources_session(&self, spec: &JobSpec) -> Result<SessionContext> {
+        let ctx = delta::session();
+        for s in &spec.sources {
+            match self.wh.open(&names::table::bronze(s)).await? {
+                Some(t) => delta::register(&ctx, &t, &read::session_table(s)).await?,
+                None => {
+                    let schema = self.source_schema(s)?.bronze.clone();
+                    let empty = datafusion::datasource::MemTable::try_new(schema, vec![vec![]])
+                        .map_err(|e| Error::query("empty bronze table", e))?;
+                    ctx.register_table(read::session_table(s), Arc::new(empty))
+                        .map_err(|e| Error::query("empty bronze table", e))?;
+                }
+            }
+        }
+        Ok(ctx)
+    }
+
+    pub(crate) fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
         self.schemas
             .get(source)
             .ok_or_else(|| Error::NoSchema(source.to_string()))
@@ -394,7 +413,7 @@ impl JobRunner {
         let started = self.now_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
-        let crate::job::operator::Output {
+        let crate::operator::Output {
             table: marker,
             app: marker_app,
         } = spec.completing_output();
@@ -407,17 +426,7 @@ impl JobRunner {
                 gold: Vec::new(),
             },
             _ => {
-                let mut c = match &spec.kind {
-                    JobKind::Payments { mode, params } => {
-                        self.compute_payments(spec, *mode, params, plan, before)
-                            .await?
-                    }
-                    JobKind::Stockout { availability_table } => {
-                        self.compute_stockout(spec, availability_table, plan, before)
-                            .await?
-                    }
-                    _ => self.compute_windows(spec, plan, before).await?,
-                };
+                let mut c = spec.operator().process(self, spec, plan, before).await?;
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
             }
@@ -574,7 +583,7 @@ impl JobRunner {
     /// Open (or create) `out`'s table, and fit `out` to it: a table created by an earlier
     /// release lacks the hour partition column, so the rows go without it and the MERGE
     /// names only the partition columns the table has.
-    pub(super) async fn open_gold(&self, mut out: GoldRows) -> Result<(DeltaTable, GoldRows)> {
+    pub(crate) async fn open_gold(&self, mut out: GoldRows) -> Result<(DeltaTable, GoldRows)> {
         let table = self
             .wh
             .open_or_create(&out.table, &out.schema, &out.partitions)
@@ -607,7 +616,7 @@ impl JobRunner {
     }
 
     /// A gold output to the job's own table (`[sink] table`, keys `merge_keys`).
-    pub(super) fn gold_output(
+    pub(crate) fn gold_output(
         &self,
         spec: &JobSpec,
         schema: SchemaRef,
@@ -642,13 +651,13 @@ impl JobRunner {
 }
 
 /// One source's new rows in a job batch.
-pub(super) struct NewRows {
+pub struct NewRows {
     /// Every new row, with the columns asked for.
-    pub(super) new: RecordBatch,
+    pub(crate) new: RecordBatch,
     /// The rows applied to the job (not too late).
-    pub(super) applied: RecordBatch,
+    pub(crate) applied: RecordBatch,
     /// The too-late rows with every bronze column (for the late ledger).
-    pub(super) too_late: RecordBatch,
+    pub(crate) too_late: RecordBatch,
 }
 
 /// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
@@ -657,7 +666,7 @@ pub(super) struct NewRows {
 /// moved, cut-off kept while later reads can reach `reach` below it. A source with no
 /// new ingestion batch, or no bronze table (`ctx` None), has no rows.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn take_new_rows(
+pub(crate) async fn take_new_rows(
     ctx: Option<&SessionContext>,
     table: &str,
     source: &str,

@@ -12,12 +12,9 @@ pub mod backfill;
 pub mod batch;
 pub mod checkpoint;
 pub mod ingest;
-mod payments;
 pub mod read;
 pub mod schedule;
-mod stockout;
 pub mod stream;
-mod windowed;
 
 /// Shared flag: set it (on SIGTERM / Ctrl-C) to stop between batches or polls; work in
 /// progress completes its commits first.

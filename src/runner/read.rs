@@ -16,6 +16,11 @@ use crate::job::plan::Cutoff;
 use crate::schema::EVENT_DATE;
 use crate::time::Micros;
 
+/// Name of a source's bronze table in a batch's session (and a backfill's).
+pub fn session_table(source: &str) -> String {
+    format!("bronze_{source}")
+}
+
 pub use crate::columns::{conform, keys_batch};
 pub use crate::sink::delta::ts_lit;
 

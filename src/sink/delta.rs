@@ -376,7 +376,7 @@ pub fn table_columns(table: &DeltaTable) -> Result<std::collections::HashSet<Str
 
 /// Bronze columns that carry a bloom filter besides `event_id`: keys jobs look rows up
 /// by. The payments jobs read the lines and payments of the orders a batch touched, up
-/// to a week around them (`horizon`), by `order_id` ([`crate::job::payments::ORDER_ID`]);
+/// to a week around them (`horizon`), by `order_id` ([`crate::operator::payments::matching::ORDER_ID`]);
 /// with a filter per row group that read skips every row group holding none of them
 /// instead of scanning the week.
 pub const LOOKUP_KEYS: [&str; 1] = ["order_id"];

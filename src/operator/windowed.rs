@@ -14,19 +14,213 @@ use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
 use datafusion::prelude::{col, SessionContext};
 use tracing::info;
 
-use super::backfill::{consumed_in, formatters, row_string, DayInput, Restated};
-use super::batch::{take_new_rows, Computed, JobRunner, NewRows, GOLD_PARTITION, GOLD_PARTITIONS};
 use crate::error::{Error, Result};
 use crate::job::aggregate::{
     self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched, DAY,
 };
 use crate::job::plan::{Cutoff, JobCounts, JobPlan, JobState};
 use crate::job::spec::JobSpec;
+use crate::job::spec::{is_identifier, Fields, JobKind};
 use crate::names;
+use crate::operator::Operator;
+use crate::runner::backfill::{consumed_in, formatters, row_string, DayInput, Restated};
+use crate::runner::batch::{
+    take_new_rows, Computed, JobRunner, NewRows, GOLD_PARTITION, GOLD_PARTITIONS,
+};
 use crate::runner::read;
+use crate::schema::SourceSchema;
 use crate::sink::{delta, late};
 use crate::time::window::WindowSpec;
 use crate::time::{iso, micros, Micros};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::LogicalPlan;
+use std::time::Duration;
+
+/// The declarative windowed aggregate: `[window]` (tumbling, sliding or session) over
+/// `keys`, `[aggregates]` per window, corrections inside the lookback.
+pub struct Windowed<'a> {
+    pub keys: &'a [String],
+    pub window: &'a crate::time::window::WindowSpec,
+}
+
+#[async_trait::async_trait]
+impl Operator for Windowed<'_> {
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        Ok(given.unwrap_or_else(|| {
+            let mut k = self.keys.to_vec();
+            k.push(crate::job::spec::window_start_column(self.window).to_string());
+            k
+        }))
+    }
+
+    async fn process(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        before: JobState,
+    ) -> Result<Computed> {
+        rt.compute_windows(spec, plan, before).await
+    }
+
+    async fn restate(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        rt.restate_windows(spec, day, input).await
+    }
+}
+
+/// A declarative windowed aggregate: one source, `keys`, `[window]` and `[aggregates]`,
+/// each expression planned against the source's columns (which also finds the columns
+/// the job reads).
+pub(crate) async fn parse(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    if sources.len() != 1 {
+        return Err(top.err("sources", "exactly one source for a windowed aggregate job"));
+    }
+    let schema = &schemas[&sources[0]];
+    let keys = top
+        .list("keys")?
+        .ok_or_else(|| top.err("keys", "a list of key columns"))?;
+    for k in &keys {
+        if schema.index_of(k).is_none() {
+            let cols: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+            return Err(top.err(
+                "keys",
+                format!(
+                    "columns of {} ({}); `{k}` is not one",
+                    schema.name,
+                    cols.join(", ")
+                ),
+            ));
+        }
+    }
+    let w = top.sub("window")?.ok_or_else(|| {
+        top.err(
+            "window",
+            "a [window] table (kind = tumbling | sliding | session)",
+        )
+    })?;
+    w.only(&["kind", "size", "slide", "gap"])?;
+    let need = |key: &str| -> Result<Duration> {
+        let d = w.duration(key, Duration::ZERO)?;
+        if d.is_zero() {
+            return Err(w.err(key, "a positive duration"));
+        }
+        Ok(d)
+    };
+    let window = match w.str("kind")? {
+        "tumbling" => WindowSpec::tumbling(need("size")?).map_err(|e| w.err("size", e))?,
+        "sliding" => {
+            WindowSpec::sliding(need("size")?, need("slide")?).map_err(|e| w.err("slide", e))?
+        }
+        "session" => WindowSpec::session(need("gap")?).map_err(|e| w.err("gap", e))?,
+        other => {
+            return Err(w.err(
+                "kind",
+                format!("tumbling, sliding or session, got {other:?}"),
+            ))
+        }
+    };
+    let a = top.sub("aggregates")?.ok_or_else(|| {
+        top.err(
+            "aggregates",
+            "a table of output column = \"SQL aggregate expression\"",
+        )
+    })?;
+    let mut aggregates = Vec::new();
+    for (col, v) in a.table {
+        let expr = v
+            .as_str()
+            .ok_or_else(|| a.err(col, "a SQL aggregate expression string"))?;
+        if !is_identifier(col)
+            || keys.contains(col)
+            || [
+                "window_start",
+                "window_end",
+                "session_start",
+                "session_end",
+                "is_final",
+            ]
+            .contains(&col.as_str())
+            || col.starts_with('_')
+        {
+            return Err(a.err(
+                col,
+                "a lower-case output column name that is not a key or window column",
+            ));
+        }
+        aggregates.push((col.clone(), expr.to_string()));
+    }
+    if aggregates.is_empty() {
+        return Err(a.err("", "at least one aggregate"));
+    }
+    // Plan each expression with DataFusion against an empty table of the columns a job
+    // reads from bronze.
+    let ctx = SessionContext::new();
+    let input = crate::job::aggregate::job_input_schema(&schema.bronze, None);
+    let empty = MemTable::try_new(input.clone(), vec![vec![RecordBatch::new_empty(input)]])
+        .map_err(|e| Error::query("empty events table", e))?;
+    ctx.register_table("events", Arc::new(empty))
+        .map_err(|e| Error::query("empty events table", e))?;
+    let group = keys
+        .iter()
+        .map(|k| format!("\"{k}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut inputs = std::collections::BTreeSet::new();
+    for (col, expr) in &aggregates {
+        let sql = if group.is_empty() {
+            format!("SELECT {expr} AS \"{col}\" FROM events")
+        } else {
+            format!("SELECT {group}, {expr} AS \"{col}\" FROM events GROUP BY {group}")
+        };
+        let planned = match ctx.sql(&sql).await {
+            Ok(df) => df.into_optimized_plan(),
+            Err(e) => Err(e),
+        };
+        match planned {
+            Ok(plan) => scanned_columns(&plan, &mut inputs),
+            Err(e) => {
+                let msg = e.to_string();
+                let first = msg.lines().next().unwrap_or_default().to_string();
+                return Err(a.err(
+                    col,
+                    format!("an aggregate over {} columns ({first})", schema.name),
+                ));
+            }
+        }
+    }
+    Ok(JobKind::Aggregate {
+        keys,
+        window,
+        aggregates,
+        inputs: inputs.into_iter().collect(),
+    })
+}
+
+/// Add the columns the table scans of `plan` read to `out`.
+fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<String>) {
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            out.extend(
+                scan.projected_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone()),
+            );
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+}
 
 impl JobRunner {
     /// A windowed job's batch: the applied new rows, the windows (sessions) they touch,
@@ -310,7 +504,7 @@ impl JobRunner {
         let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let position = input.position(source);
-        let table = super::payments::table(source);
+        let table = crate::runner::read::session_table(source);
         let read_range = |from: Micros, to: Micros| {
             let filter = consumed_in((from, to), position);
             let schema = input_schema.clone();

@@ -1,5 +1,5 @@
 //! One batch of the `stockout` job: the reads and state around the pure operator in
-//! [`crate::job::stockout`]. The exactly-once protocol is the one in [`super::batch`],
+//! [`crate::operator::stockout::detect`]. The exactly-once protocol is the one in [`super::batch`],
 //! with two gold MERGEs: `gold/stockout_alerts` (txn `kestrel-job-stockout`), then
 //! `gold/sku_availability` (txn `kestrel-job-stockout-availability`), which also holds
 //! the operator's per-sku state and so is committed last: a batch is recomputed until
@@ -10,24 +10,30 @@
 //! base); the replayed skus' events at or after `c`; the touched skus' alerts from
 //! `c`'s date on; the touched skus' state by bucket.
 
+pub mod detect;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use arrow::array::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, lit};
 
-use super::backfill::{consumed_in, DayInput, Restated};
-use super::batch::{take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::error::Result;
 use crate::job::aggregate::{self as agg, DAY};
 use crate::job::plan::{JobCounts, JobPlan, JobState};
 use crate::job::spec::JobSpec;
-use crate::job::stockout::{self as so, AlertChanges, Event, SkuState, Start};
+use crate::job::spec::{check_columns, Fields, JobKind};
 use crate::names;
+use crate::operator::stockout::detect::{self as so, AlertChanges, Event, SkuState, Start};
+use crate::operator::Operator;
+use crate::runner::backfill::{consumed_in, DayInput, Restated};
+use crate::runner::batch::{take_new_rows, Computed, GoldRows, JobRunner, NewRows};
 use crate::runner::read;
+use crate::schema::SourceSchema;
 use crate::sink::{delta, late};
 use crate::time::micros;
 use crate::time::{iso, Micros};
+use std::sync::Arc;
 
 const MINUTE: Micros = 60_000_000;
 
@@ -38,6 +44,97 @@ fn columns(names: &[&str]) -> Vec<String> {
 /// A `_key` batch of skus (for semi joins).
 fn keys_batch<'a>(skus: impl Iterator<Item = &'a String>) -> Result<RecordBatch> {
     read::keys_batch(skus.map(String::as_str))
+}
+
+/// Stock-out detection over one inventory source: alerts per (sku, minute) in the job's
+/// table, then each sku's availability (its state) in `availability_table`; the one
+/// operator that also runs always-on.
+pub struct Stockout<'a> {
+    pub availability_table: &'a str,
+}
+
+#[async_trait::async_trait]
+impl Operator for Stockout<'_> {
+    fn more_outputs(&self, spec: &JobSpec) -> Vec<crate::operator::Output> {
+        vec![crate::operator::Output {
+            table: self.availability_table.to_string(),
+            app: names::app::availability(&spec.name),
+        }]
+    }
+
+    fn can_stream(&self) -> bool {
+        true
+    }
+
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        match given {
+            Some(k) if k != ["sku", "minute"] => Err(format!(
+                "[\"sku\", \"minute\"] (the alerts' key), got {k:?}"
+            )),
+            Some(k) => Ok(k),
+            None => Err("the operator's natural key columns".into()),
+        }
+    }
+
+    async fn process(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        before: JobState,
+    ) -> Result<Computed> {
+        rt.compute_stockout(spec, self.availability_table, plan, before)
+            .await
+    }
+
+    async fn restate(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        rt.restate_stockout(spec, day, input).await
+    }
+}
+
+/// The stock-out operator: one inventory source with the columns it reads, and
+/// `[params] availability_table` (default `gold/sku_availability`).
+pub(crate) fn parse(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    use crate::schema::FieldType as T;
+    if sources.len() != 1 {
+        return Err(top.err("sources", "one inventory source (e.g. [\"inventory\"])"));
+    }
+    check_columns(
+        top,
+        &sources[0],
+        &[
+            ("sku", T::String),
+            ("event_ts", T::Timestamp),
+            ("event_id", T::String),
+            ("kind", T::String),
+            ("quantity", T::Int64),
+        ],
+        schemas,
+    )?;
+    let mut availability_table = names::table::SKU_AVAILABILITY.to_string();
+    if let Some(p) = top.sub("params")? {
+        p.only(&["availability_table"])?;
+        if let Some(t) = p.str_opt("availability_table")? {
+            if !names::table::is_gold(t) {
+                return Err(p.err(
+                    "availability_table",
+                    format!("a path under gold/, got {t:?}"),
+                ));
+            }
+            availability_table = t.to_string();
+        }
+    }
+    Ok(JobKind::Stockout { availability_table })
 }
 
 impl JobRunner {
@@ -421,7 +518,7 @@ impl JobRunner {
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let source = &spec.sources[0];
         let bronze = self.source_schema(source)?.bronze.clone();
-        let table = super::payments::table(source);
+        let table = crate::runner::read::session_table(source);
         let pos = input.position(source);
         let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
         let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;

@@ -1,5 +1,5 @@
 //! One batch of a payments job (`payments_fast`, `payment_reconciliation`): the reads
-//! around the pure operator in [`crate::job::payments`]. The exactly-once protocol
+//! around the pure operator in [`crate::operator::payments::matching`]. The exactly-once protocol
 //! (plan, durable result, late ledger, gold MERGE, run log) is the windowed jobs' one in
 //! [`super::batch`]; only the compute step differs.
 //!
@@ -9,6 +9,8 @@
 //! to its event-date partitions and to applied rows (recorded cut-offs exclude rows that
 //! were too late when consumed).
 
+pub mod matching;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -16,50 +18,125 @@ use arrow::array::{AsArray, BooleanArray, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
-use datafusion::datasource::MemTable;
 use datafusion::prelude::{col, lit, SessionContext};
 
-use super::backfill::{consumed_in, DayInput, Restated};
-use super::batch::{take_new_rows, Computed, JobRunner};
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, DAY};
-use crate::job::payments::{self as pay, Stamp, Touches};
 use crate::job::plan::{JobCounts, JobPlan, JobState};
+use crate::job::spec::{check_columns, Fields, JobKind};
 use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
-use crate::names;
+use crate::operator::payments::matching::{self as pay, Stamp, Touches};
+use crate::operator::Operator;
+use crate::runner::backfill::{consumed_in, DayInput, Restated};
+use crate::runner::batch::{take_new_rows, Computed, JobRunner};
 use crate::runner::read;
+use crate::schema::SourceSchema;
 use crate::sink::{delta, late};
 use crate::time::{date, micros, Micros};
-
-/// Name of a source's bronze table in the batch's session (and a backfill's).
-pub(super) fn table(source: &str) -> String {
-    format!("bronze_{source}")
-}
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 fn columns(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
-impl JobRunner {
-    /// A session with every source's bronze table (an empty table for a source that has
-    /// no bronze yet).
-    pub(super) async fn payments_session(&self, spec: &JobSpec) -> Result<SessionContext> {
-        let ctx = delta::session();
-        for s in &spec.sources {
-            match self.wh.open(&names::table::bronze(s)).await? {
-                Some(t) => delta::register(&ctx, &t, &table(s)).await?,
-                None => {
-                    let schema = self.source_schema(s)?.bronze.clone();
-                    let empty = MemTable::try_new(schema, vec![vec![]])
-                        .map_err(|e| Error::query("empty bronze table", e))?;
-                    ctx.register_table(table(s), Arc::new(empty))
-                        .map_err(|e| Error::query("empty bronze table", e))?;
-                }
-            }
+/// Order/payment matching: `payments_fast` (first capture within `fast_within`) or
+/// `payment_reconciliation` (lines against captures and refunds within the business
+/// window), per `order_id`, re-evaluated when a late line or payment touches an order.
+pub struct Payments<'a> {
+    pub mode: PaymentMode,
+    pub params: &'a PaymentParams,
+}
+
+#[async_trait::async_trait]
+impl Operator for Payments<'_> {
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        match given {
+            Some(k) if k != [pay::ORDER_ID] => Err(format!(
+                "[\"order_id\"] (the payments operators' key), got {k:?}"
+            )),
+            Some(k) => Ok(k),
+            None => Err("the operator's natural key columns".into()),
         }
-        Ok(ctx)
     }
 
+    async fn process(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        plan: &JobPlan,
+        before: JobState,
+    ) -> Result<Computed> {
+        rt.compute_payments(spec, self.mode, self.params, plan, before)
+            .await
+    }
+
+    async fn restate(
+        &self,
+        rt: &JobRunner,
+        spec: &JobSpec,
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        rt.restate_payments(spec, self.mode, self.params, day, input)
+            .await
+    }
+}
+
+/// Columns (and types) the payments operators need from their two sources.
+const ORDER_COLUMNS: [(&str, crate::schema::FieldType); 3] = [
+    ("order_id", crate::schema::FieldType::String),
+    ("event_ts", crate::schema::FieldType::Timestamp),
+    ("amount_cents", crate::schema::FieldType::Int64),
+];
+const PAYMENT_COLUMNS: [(&str, crate::schema::FieldType); 4] = [
+    ("order_id", crate::schema::FieldType::String),
+    ("event_ts", crate::schema::FieldType::Timestamp),
+    ("amount_cents", crate::schema::FieldType::Int64),
+    ("status", crate::schema::FieldType::String),
+];
+
+/// A payments operator: two sources (order lines, then payments) with the columns it
+/// reads, and its `[params]`.
+pub(crate) fn parse(
+    top: &Fields<'_>,
+    mode: PaymentMode,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<JobKind> {
+    if sources.len() != 2 {
+        return Err(top.err(
+            "sources",
+            "two sources: order lines, then payments (e.g. [\"orders\", \"payments\"])",
+        ));
+    }
+    check_columns(top, &sources[0], &ORDER_COLUMNS, schemas)?;
+    check_columns(top, &sources[1], &PAYMENT_COLUMNS, schemas)?;
+    let mut params = PaymentParams::default();
+    if let Some(p) = top.sub("params")? {
+        let known: &[&str] = match mode {
+            PaymentMode::Fast => &["business_window", "horizon", "fast_within"],
+            PaymentMode::Reconcile => &["business_window", "horizon"],
+        };
+        p.only(known)?;
+        let positive = |key: &str, default: Duration| -> Result<Duration> {
+            let d = p.duration(key, default)?;
+            if d.is_zero() {
+                return Err(p.err(key, "a positive duration"));
+            }
+            Ok(d)
+        };
+        params.business_window = positive("business_window", params.business_window)?;
+        params.horizon = positive("horizon", params.horizon)?;
+        params.fast_within = positive("fast_within", params.fast_within)?;
+        if params.horizon < params.business_window {
+            return Err(p.err("horizon", "a duration at least as long as business_window"));
+        }
+    }
+    Ok(JobKind::Payments { mode, params })
+}
+
+impl JobRunner {
     pub(super) async fn compute_payments(
         &self,
         spec: &JobSpec,
@@ -68,7 +145,7 @@ impl JobRunner {
         plan: &JobPlan,
         mut state: JobState,
     ) -> Result<Computed> {
-        let ctx = self.payments_session(spec).await?;
+        let ctx = self.sources_session(spec).await?;
         let lookback = micros(spec.time.lookback);
         let window = micros(params.business_window);
         let horizon = micros(params.horizon);
@@ -87,7 +164,7 @@ impl JobRunner {
             // Reads reach back at most business window + horizon before a cut-off.
             let rows = take_new_rows(
                 Some(&ctx),
-                &table(s),
+                &read::session_table(s),
                 s,
                 plan.input(s)?,
                 &target,
@@ -118,9 +195,15 @@ impl JobRunner {
                         upto: upto(&state, s),
                         cutoffs: cutoffs(&state, s),
                     };
-                    let rows =
-                        read::read_applied(Some(&ctx), &table(s), &[range], applied, None, &target)
-                            .await?;
+                    let rows = read::read_applied(
+                        Some(&ctx),
+                        &read::session_table(s),
+                        &[range],
+                        applied,
+                        None,
+                        &target,
+                    )
+                    .await?;
                     touches.add(&rows)?;
                 }
             }
@@ -281,7 +364,15 @@ impl JobRunner {
                     cutoffs: cutoffs(state, &source),
                 };
                 let keys = Some(("order_id", keys));
-                read::read_applied(Some(ctx), &table(&source), ranges, applied, keys, &target).await
+                read::read_applied(
+                    Some(ctx),
+                    &read::session_table(&source),
+                    ranges,
+                    applied,
+                    keys,
+                    &target,
+                )
+                .await
             }
         };
         let o = read_side(orders, &pay::ORDER_INPUT).await?;
@@ -358,7 +449,7 @@ impl JobRunner {
             let target = agg::project(&self.source_schema(s)?.bronze, &touch_cols)?;
             let rows = read::read(
                 ctx,
-                &super::payments::table(s),
+                &read::session_table(s),
                 consumed_in((lo, hi), input.position(s)),
                 &target,
             )
@@ -375,7 +466,7 @@ impl JobRunner {
                     return Ok::<_, Error>(RecordBatch::new_empty(target));
                 }
                 let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
-                let table = super::payments::table(&source);
+                let table = read::session_table(&source);
                 read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
             }
         };
