@@ -1,0 +1,85 @@
+//! `kestrel status`: the warehouse's health as a table or JSON, `--check`.
+
+use super::*;
+
+pub(super) async fn status(
+    cfg: Config,
+    json: bool,
+    check: bool,
+    max_age: Option<String>,
+    only_jobs: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    use kestrel::ops::status;
+    let max_age = max_age
+        .map(|m| {
+            kestrel::config::parse_duration(&m)
+                .map_err(|e| anyhow::anyhow!("--max-age: expected a duration such as 15m ({e})"))
+        })
+        .transpose()?;
+    let app = App::load(cfg, IngestOptions::default()).await?;
+    let jobs = app.select_jobs(&only_jobs)?;
+    let sources = app.select_sources(&[])?;
+    let now = chrono::Utc::now().timestamp_micros();
+    let st = status::collect(app.warehouse(), &sources, &jobs, now).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        let d = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        println!(
+            "{:<14} {:>6} {:<21} {:<8} {:>8} {:>10} {:>11}",
+            "source", "batch", "last run", "result", "files/d", "rows/d", "quarant./d"
+        );
+        for s in &st.sources {
+            println!(
+                "{:<14} {:>6} {:<21} {:<8} {:>8} {:>10} {:>11}",
+                s.source,
+                s.last_batch.map_or("-".into(), |b| b.to_string()),
+                d(&s.last_run_at),
+                d(&s.last_status),
+                s.files_day,
+                s.rows_written_day,
+                s.quarantined_day
+            );
+        }
+        println!();
+        println!(
+            "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+            "job", "batch", "last run", "watermark", "W lag", "late/d", "corr./d"
+        );
+        for j in &st.jobs {
+            println!(
+                "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+                j.job,
+                j.last_batch.map_or("-".into(), |b| b.to_string()),
+                d(&j.last_run_at),
+                d(&j.watermark),
+                j.watermark_lag_s.map_or("-".into(), |l| format!("{l:.0}s")),
+                j.too_late_day,
+                j.corrections_day
+            );
+        }
+        println!();
+        println!("{:<28} {:<21} {:>10}", "gold table", "last commit", "age");
+        for t in &st.tables {
+            println!(
+                "{:<28} {:<21} {:>10}",
+                t.table,
+                d(&t.last_commit_at),
+                t.age_s.map_or("never".into(), |a| format!("{a:.0}s"))
+            );
+        }
+    }
+    if let (true, Some(max_age)) = (check, max_age) {
+        let stale = status::stale(&st, max_age);
+        if !stale.is_empty() {
+            eprintln!(
+                "kestrel: {} gold table(s) older than {}: {}",
+                stale.len(),
+                humantime_secs(max_age),
+                stale.join(", ")
+            );
+            return Ok(ExitCode::from(4));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
