@@ -39,6 +39,23 @@ pub struct RunOutcome {
     pub job_failures: Vec<String>,
 }
 
+impl RunOutcome {
+    /// What failed, in one line (`ingestion failed for …; job failed: …`), if anything.
+    pub fn failures(&self) -> Option<String> {
+        let (ing, jobs) = (&self.ingest_failures, &self.job_failures);
+        match (ing.is_empty(), jobs.is_empty()) {
+            (true, true) => None,
+            (false, true) => Some(format!("ingestion failed for {}", ing.join("; "))),
+            (true, false) => Some(format!("job failed: {}", jobs.join("; "))),
+            (false, false) => Some(format!(
+                "ingestion failed for {}; job failed: {}",
+                ing.join("; "),
+                jobs.join("; ")
+            )),
+        }
+    }
+}
+
 impl App {
     /// Load the schemas and every job file, then build the ingestor (with `ingest`) and
     /// the job runner (with the config's lease TTL, open-day compaction and, when

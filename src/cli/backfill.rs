@@ -21,21 +21,20 @@ pub(super) async fn backfill(
     };
     let app = App::load(cfg, ingest).await?;
     let spec = app.job(&job)?.clone();
-    let (ing, runner) = (&app.ingestor, &app.runner);
     if reingest {
         // Files never ingested land in bronze, and the job consumes them (too-late rows
-        // go to its late ledger as usual) before the restatement reads what it consumed.
-        let mut reports = Vec::new();
-        for s in &spec.sources {
-            reports.push(ing.ingest_source(s).await?);
+        // go to its late ledger as usual) before the restatement reads what it consumed:
+        // the same cycle as `kestrel run` for the job's sources and the job.
+        let out = app
+            .run(&spec.sources, std::slice::from_ref(&spec.name))
+            .await?;
+        if let Some(failed) = out.failures() {
+            anyhow::bail!(failed);
         }
-        let r = runner.run_job(&spec).await?;
+        let batches: usize = out.jobs.iter().map(|r| r.batches.len()).sum();
         if !json {
-            super::run::print_summary(&reports);
-            println!(
-                "{job}: {} new batch(es) before the backfill\n",
-                r.batches.len()
-            );
+            super::run::print_summary(&out.sources);
+            println!("{job}: {batches} new batch(es) before the backfill\n");
         }
     }
     let bar = progress_bar((to - from + 1) as u64, "backfill");
@@ -45,7 +44,8 @@ pub(super) async fn backfill(
         to,
         stop: Some(stop),
     };
-    let report = runner
+    let report = app
+        .runner
         .backfill(&spec, &opts, |p| match p {
             Progress::Waiting(owner) => {
                 eprintln!("kestrel: waiting for the running batch of {job} ({owner}) to finish")

@@ -20,16 +20,8 @@ pub(super) async fn run(
     }
     print_summary(&out.sources);
     print_job_summary(&out.jobs);
-    let (failures, job_failures) = (&out.ingest_failures, &out.job_failures);
-    match (failures.is_empty(), job_failures.is_empty()) {
-        (true, true) => {}
-        (false, true) => anyhow::bail!("ingestion failed for {}", failures.join("; ")),
-        (true, false) => anyhow::bail!("job failed: {}", job_failures.join("; ")),
-        (false, false) => anyhow::bail!(
-            "ingestion failed for {}; job failed: {}",
-            failures.join("; "),
-            job_failures.join("; ")
-        ),
+    if let Some(failed) = out.failures() {
+        anyhow::bail!(failed);
     }
     let bad_files: i64 = out
         .sources
