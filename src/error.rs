@@ -114,6 +114,10 @@ pub enum Error {
         last: String,
     },
 
+    /// kestrel's own bookkeeping (plans, results, manifests) failed to serialise.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+
     /// Anything else, with a human readable reason.
     #[error("{0}")]
     Other(String),

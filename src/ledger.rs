@@ -103,7 +103,7 @@ pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Op
 /// (ours, or the one another writer created first).
 pub async fn write_plan(wh: &Warehouse, plan: &Plan) -> Result<Plan> {
     let key = names::key::ingest_plan(&plan.source, plan.batch_id);
-    let body = serde_json::to_vec_pretty(plan).map_err(|e| Error::Other(e.to_string()))?;
+    let body = serde_json::to_vec_pretty(plan)?;
     if wh.loc.put_if_absent(&key, body).await? {
         return Ok(plan.clone());
     }

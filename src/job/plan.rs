@@ -141,7 +141,7 @@ async fn write_once<T>(wh: &Warehouse, key: &str, value: &T) -> Result<T>
 where
     T: Serialize + for<'de> Deserialize<'de> + Clone,
 {
-    let body = serde_json::to_vec_pretty(value).map_err(|e| Error::Other(e.to_string()))?;
+    let body = serde_json::to_vec_pretty(value)?;
     if wh.loc.put_if_absent(key, body).await? {
         return Ok(value.clone());
     }

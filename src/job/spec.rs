@@ -79,34 +79,6 @@ pub enum JobKind {
     Stockout { availability_table: String },
 }
 
-/// The parts of a declarative windowed job.
-pub struct AggregateParts<'a> {
-    pub keys: &'a [String],
-    pub window: &'a WindowSpec,
-    pub aggregates: &'a [(String, String)],
-    pub inputs: &'a [String],
-}
-
-impl JobSpec {
-    /// Keys, window and aggregates of a windowed job; an error naming the job otherwise.
-    pub fn aggregate(&self) -> Result<AggregateParts<'_>> {
-        match &self.kind {
-            JobKind::Aggregate {
-                keys,
-                window,
-                aggregates,
-                inputs,
-            } => Ok(AggregateParts {
-                keys,
-                window,
-                aggregates,
-                inputs,
-            }),
-            _ => Err(Error::Other(format!("{} is not a windowed job", self.name))),
-        }
-    }
-}
-
 pub use crate::operator::payments::matching::{PaymentMode, PaymentParams};
 
 /// One job definition.
@@ -460,12 +432,16 @@ mod tests {
         assert_eq!(r.table, "gold/revenue_1h");
         // Recomputes read only what the aggregates and keys use (not page, sku, ids).
         for job in ["sessions", "clickstream_5m"] {
-            let parts = jobs[job].aggregate().unwrap();
-            assert_eq!(parts.inputs, ["anonymous_id", "event_type"], "{job}");
+            let JobKind::Aggregate { inputs, .. } = &jobs[job].kind else {
+                panic!("{job} is windowed")
+            };
+            assert_eq!(inputs, &["anonymous_id", "event_type"], "{job}");
         }
         let b = &schemas()["clickstream"].bronze;
-        let sessions = jobs["sessions"].aggregate().unwrap();
-        let read = crate::job::aggregate::job_input_schema(b, Some(&[sessions.inputs]));
+        let JobKind::Aggregate { inputs, .. } = &jobs["sessions"].kind else {
+            panic!("sessions is windowed")
+        };
+        let read = crate::job::aggregate::job_input_schema(b, Some(&[inputs]));
         let names: Vec<&str> = read.fields().iter().map(|f| f.name().as_str()).collect();
         assert_eq!(
             names,

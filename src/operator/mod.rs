@@ -107,7 +107,17 @@ pub(crate) fn parse(
 /// The registry, part two: the operator of a job's kind, holding its parsed `[params]`.
 pub fn of(kind: &JobKind) -> Box<dyn Operator + '_> {
     match kind {
-        JobKind::Aggregate { keys, window, .. } => Box::new(windowed::Windowed { keys, window }),
+        JobKind::Aggregate {
+            keys,
+            window,
+            aggregates,
+            inputs,
+        } => Box::new(windowed::Windowed {
+            keys,
+            window,
+            aggregates,
+            inputs,
+        }),
         JobKind::Payments { mode, params } => Box::new(payments::Payments {
             mode: *mode,
             params,

@@ -39,9 +39,14 @@ use std::time::Duration;
 
 /// The declarative windowed aggregate: `[window]` (tumbling, sliding or session) over
 /// `keys`, `[aggregates]` per window, corrections inside the lookback.
+#[derive(Clone, Copy)]
 pub struct Windowed<'a> {
     pub keys: &'a [String],
-    pub window: &'a crate::time::window::WindowSpec,
+    pub window: &'a WindowSpec,
+    /// (output column, SQL aggregate expression), in file order.
+    pub aggregates: &'a [(String, String)],
+    /// The event columns the aggregates read.
+    pub inputs: &'a [String],
 }
 
 #[async_trait::async_trait]
@@ -61,7 +66,7 @@ impl Operator for Windowed<'_> {
         plan: &JobPlan,
         before: JobState,
     ) -> Result<Computed> {
-        rt.compute_windows(spec, plan, before).await
+        rt.compute_windows(*self, spec, plan, before).await
     }
 
     async fn restate(
@@ -71,7 +76,7 @@ impl Operator for Windowed<'_> {
         day: i32,
         input: &DayInput,
     ) -> Result<Restated> {
-        rt.restate_windows(spec, day, input).await
+        rt.restate_windows(*self, spec, day, input).await
     }
 }
 
@@ -225,18 +230,19 @@ fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<Stri
 impl JobRunner {
     /// A windowed job's batch: the applied new rows, the windows (sessions) they touch,
     /// those recomputed from every applied row in them, and the gold rows that changed.
-    pub(super) async fn compute_windows(
+    async fn compute_windows(
         &self,
+        op: Windowed<'_>,
         spec: &JobSpec,
         plan: &JobPlan,
         mut state: JobState,
     ) -> Result<Computed> {
-        let crate::job::spec::AggregateParts {
+        let Windowed {
             keys,
             window,
             aggregates,
             inputs,
-        } = spec.aggregate()?;
+        } = op;
         let source = &spec.sources[0];
         let schema = self.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;
@@ -486,19 +492,20 @@ impl JobRunner {
     }
 
     /// A windowed job's rows of windows starting on `day`.
-    pub(super) async fn restate_windows(
+    async fn restate_windows(
         &self,
+        op: Windowed<'_>,
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
     ) -> Result<Restated> {
         let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let crate::job::spec::AggregateParts {
+        let Windowed {
             keys,
             window,
             aggregates,
             inputs,
-        } = spec.aggregate()?;
+        } = op;
         let source = &spec.sources[0];
         let bronze = self.source_schema(source)?.bronze.clone();
         let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));

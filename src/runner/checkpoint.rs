@@ -137,7 +137,7 @@ pub fn decode_chunk(bytes: &[u8], what: &str) -> Result<Vec<u128>> {
 
 /// Encode a manifest.
 pub fn encode_manifest(m: &Manifest) -> Result<Vec<u8>> {
-    let json = serde_json::to_vec(m).map_err(|e| Error::Other(e.to_string()))?;
+    let json = serde_json::to_vec(m)?;
     let mut out = Vec::with_capacity(16 + json.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT.to_le_bytes());
