@@ -89,6 +89,10 @@ pub enum Error {
     #[error(transparent)]
     Probe(#[from] crate::sink::probe::ProbeError),
 
+    /// Interned keys out of step with a job's rows (an invariant).
+    #[error(transparent)]
+    Key(#[from] crate::job::keys::KeyError),
+
     /// The daemon cannot start or run a task.
     #[error(transparent)]
     Schedule(#[from] crate::runner::schedule::ScheduleError),

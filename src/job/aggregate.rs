@@ -91,10 +91,12 @@ pub fn project(schema: &Schema, columns: &[String]) -> Result<SchemaRef> {
     let fields = columns
         .iter()
         .map(|c| {
-            schema
-                .field_with_name(c)
-                .cloned()
-                .map_err(|e| Error::Other(format!("column {c}: {e}")))
+            schema.field_with_name(c).cloned().map_err(|source| {
+                Error::from(crate::columns::ColumnError::Cast {
+                    name: c.to_string(),
+                    source,
+                })
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(Schema::new(fields)))
@@ -722,7 +724,7 @@ pub fn gold_rows(
                 OP => Arc::new(StringArray::from(vec!["upsert"; n])),
                 other => {
                     let c = b.column_by_name(other).ok_or_else(|| {
-                        Error::Other(format!("aggregate result lacks column {other}"))
+                        Error::from(crate::columns::ColumnError::Missing(other.to_string()))
                     })?;
                     cast(c, f.data_type())?
                 }

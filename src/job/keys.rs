@@ -10,10 +10,24 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, Schema};
 use arrow::row::{RowConverter, SortField};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A key's id within one job batch (see [`KeyEncoder`]).
 pub type KeyId = u32;
+
+/// Invariants between a job's schema, its rows and its interned keys.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("key column {column}: {source}")]
+    NoSuchColumn {
+        column: String,
+        source: arrow::error::ArrowError,
+    },
+    #[error("rows without key column {0}")]
+    MissingColumn(String),
+    #[error("unknown key id {0}")]
+    UnknownId(KeyId),
+}
 
 /// Fast hash maps and sets for per-row work.
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -41,9 +55,12 @@ impl KeyEncoder {
                 schema
                     .field_with_name(k)
                     .map(|f| f.data_type().clone())
-                    .map_err(|e| Error::Other(format!("key column {k}: {e}")))
+                    .map_err(|source| KeyError::NoSuchColumn {
+                        column: k.clone(),
+                        source,
+                    })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<std::result::Result<Vec<_>, KeyError>>()?;
         let conv = if types.len() == 1 && types[0] == DataType::Utf8 {
             None
         } else {
@@ -80,9 +97,9 @@ impl KeyEncoder {
                 batch
                     .column_by_name(k)
                     .cloned()
-                    .ok_or_else(|| Error::Other(format!("rows without key column {k}")))
+                    .ok_or_else(|| KeyError::MissingColumn(k.clone()))
             })
-            .collect::<Result<Vec<ArrayRef>>>()?;
+            .collect::<std::result::Result<Vec<ArrayRef>, KeyError>>()?;
         let mut out = Vec::with_capacity(batch.num_rows());
         match &self.conv {
             None => {
@@ -109,9 +126,9 @@ impl KeyEncoder {
                 self.values
                     .get(i as usize)
                     .map(|v| v.as_deref())
-                    .ok_or_else(|| Error::Other(format!("unknown key id {i}")))
+                    .ok_or(KeyError::UnknownId(i))
             })
-            .collect::<Result<_>>()?;
+            .collect::<std::result::Result<_, KeyError>>()?;
         match &self.conv {
             None => {
                 let strings: StringArray = values

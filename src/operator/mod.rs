@@ -2,8 +2,9 @@
 //! things it computes — one micro-batch from its state, and one day's restatement for a
 //! backfill. The runner (`runner::batch`, `runner::backfill`) owns the protocol around
 //! them (plans, durable results, late side output, MERGEs, the run log, leases) and is
-//! the same for every operator. [`of`] is the registry: the one place that maps a job's
-//! kind to its operator; nothing else matches on the kind.
+//! the same for every operator. [`parse`] and [`of`] are the registry: the one place that
+//! maps an operator's name and a job's kind to its operator; nothing else matches on
+//! the kind.
 //!
 //! One module per operator, each holding its batch compute, its state handling and its
 //! restatement, with its pure logic over Arrow batches beside it:
@@ -23,13 +24,13 @@ pub mod payments;
 pub mod stockout;
 pub mod windowed;
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::job::plan::{JobPlan, JobState};
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use crate::job::spec::{Fields, JobKind, JobSpec, PaymentMode};
 use crate::names;
 use crate::runner::backfill::{DayInput, Restated};

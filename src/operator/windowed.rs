@@ -456,10 +456,12 @@ impl JobRunner {
         let mut fields: Vec<arrow::datatypes::Field> = keys
             .iter()
             .map(|k| {
-                bronze
-                    .field_with_name(k)
-                    .cloned()
-                    .map_err(|e| Error::Other(format!("key {k}: {e}")))
+                bronze.field_with_name(k).cloned().map_err(|source| {
+                    Error::from(crate::columns::ColumnError::Cast {
+                        name: k.to_string(),
+                        source,
+                    })
+                })
             })
             .collect::<Result<_>>()?;
         for (name, ty) in [

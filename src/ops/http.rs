@@ -43,10 +43,10 @@ fn reason(status: u16) -> &'static str {
 pub async fn bind(addr: &str) -> Result<(TcpListener, std::net::SocketAddr)> {
     let l = TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::Other(format!("cannot listen on {addr}: {e}")))?;
+        .map_err(|e| Error::io(format!("cannot listen on {addr}"), e))?;
     let local = l
         .local_addr()
-        .map_err(|e| Error::Other(format!("cannot listen on {addr}: {e}")))?;
+        .map_err(|e| Error::io(format!("cannot listen on {addr}"), e))?;
     Ok((l, local))
 }
 

@@ -86,7 +86,7 @@ impl Applied<'_> {
         }
         let col = |name: &str| {
             b.column_by_name(name)
-                .ok_or_else(|| Error::Other(format!("applied-row filter needs column {name}")))
+                .ok_or_else(|| Error::from(crate::columns::ColumnError::Missing(name.to_string())))
         };
         let batch = cast(col(BATCH_ID)?, &DataType::Int64)?;
         let batch = batch.as_primitive::<Int64Type>();

@@ -74,9 +74,9 @@ impl deltalake::logstore::LogStoreFactory for LocalLogStores {
 /// `s` with table URLs under [`LOCAL_TABLE_SCHEME`] shown as the `file` URLs they are
 /// (for messages).
 pub fn shown(s: String) -> String {
-    const LOCAL: &str = "kestrel-file://";
-    if s.contains(LOCAL) {
-        s.replace(LOCAL, "file://")
+    let local = format!("{LOCAL_TABLE_SCHEME}://");
+    if s.contains(&local) {
+        s.replace(&local, "file://")
     } else {
         s
     }
@@ -143,8 +143,10 @@ impl Warehouse {
     pub fn table_url(&self, rel: &str) -> Result<Url> {
         let url = self.loc.child_url(rel)?;
         match self.loc.local_dir {
-            Some(_) => local_table_url(&url),
-            None => Ok(url),
+            // A path that needs percent-encoding stays `file`: the kernel decodes the
+            // paths of other schemes' log files as they are (`%20` would stay `%20`).
+            Some(_) if !url.path().contains('%') => local_table_url(&url),
+            _ => Ok(url),
         }
     }
 
@@ -744,8 +746,14 @@ mod tests {
     /// messages naming them by their `file` URL.
     #[tokio::test]
     async fn local_tables_open_under_their_own_scheme() {
-        let dir = tempfile::tempdir().unwrap();
-        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
+        let base = tempfile::tempdir().unwrap();
+        local_table_round_trip(base.path(), LOCAL_TABLE_SCHEME).await;
+        // A path that needs percent-encoding keeps the `file` scheme.
+        local_table_round_trip(&base.path().join("with space"), "file").await;
+    }
+
+    async fn local_table_round_trip(dir: &std::path::Path, scheme: &str) {
+        let loc = Location::open(dir.to_str().unwrap(), &Default::default(), true).unwrap();
         let wh = Warehouse::new(loc.clone());
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -765,7 +773,7 @@ mod tests {
             .unwrap()
         };
         let mut table = wh.open_or_create("gold/t", &schema, &[]).await.unwrap();
-        assert_eq!(table.table_url().scheme(), LOCAL_TABLE_SCHEME);
+        assert_eq!(table.table_url().scheme(), scheme);
         for v in 1..=11 {
             let keys = [("k".to_string(), false)];
             let spec = MergeSpec {
@@ -780,7 +788,6 @@ mod tests {
                 .0;
         }
         assert!(dir
-            .path()
             .join("gold/t/_delta_log/00000000000000000009.checkpoint.parquet")
             .exists());
         crate::sink::tables::forget(&table.table_url().clone());

@@ -349,7 +349,9 @@ impl Rows {
                     .iter()
                     .find(|(name, _)| name == f.name())
                     .map(|(_, a)| a.clone())
-                    .ok_or_else(|| Error::Other(format!("no value for gold column {}", f.name())))
+                    .ok_or_else(|| {
+                        Error::from(crate::columns::ColumnError::Missing(f.name().to_string()))
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(RecordBatch::try_new(target, cols)?)
