@@ -82,6 +82,20 @@ pub trait Operator: Send + Sync {
     ) -> Result<Restated>;
 }
 
+/// The merge keys of an operator whose gold rows have a natural key (`whose`, for the
+/// message): `[sink] merge_keys` must name exactly `natural`, and must be given.
+pub(crate) fn natural_keys(
+    given: Option<Vec<String>>,
+    natural: &[&str],
+    whose: &str,
+) -> std::result::Result<Vec<String>, String> {
+    match given {
+        Some(k) if k != natural => Err(format!("{natural:?} ({whose}), got {k:?}")),
+        Some(k) => Ok(k),
+        None => Err("the operator's natural key columns".into()),
+    }
+}
+
 /// The operators a job file names with `operator = "…"`; a file without one is a
 /// declarative windowed aggregate ([`windowed::parse`]).
 pub const NAMES: [&str; 3] = ["payments_fast", "payment_reconciliation", "stockout"];
@@ -195,5 +209,23 @@ mod tests {
         assert_eq!(r.completing_output().table, "gold/revenue_5m");
         assert_eq!(r.completing_output().app, "kestrel-job-revenue_5m");
         assert!(!r.can_stream() && !jobs["payments_fast"].can_stream());
+    }
+
+    /// A natural key is checked and named as before the operators shared the check.
+    #[test]
+    fn natural_keys_are_required_and_checked() {
+        let k = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            super::natural_keys(k(&["sku", "minute"]), &["sku", "minute"], "the alerts' key"),
+            Ok(vec!["sku".to_string(), "minute".to_string()])
+        );
+        assert_eq!(
+            super::natural_keys(k(&["sku"]), &["sku", "minute"], "the alerts' key"),
+            Err(r#"["sku", "minute"] (the alerts' key), got ["sku"]"#.to_string())
+        );
+        assert_eq!(
+            super::natural_keys(None, &["order_id"], "the payments operators' key"),
+            Err("the operator's natural key columns".to_string())
+        );
     }
 }

@@ -453,17 +453,11 @@ impl JobRunner {
             .unwrap_or(datafusion::prelude::lit(false));
         let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
         // Key columns typed as in bronze, so their encodings compare equal.
-        let mut fields: Vec<arrow::datatypes::Field> = keys
+        let mut fields: Vec<arrow::datatypes::Field> = agg::project(bronze, keys)?
+            .fields()
             .iter()
-            .map(|k| {
-                bronze.field_with_name(k).cloned().map_err(|source| {
-                    Error::from(crate::columns::ColumnError::Cast {
-                        name: k.to_string(),
-                        source,
-                    })
-                })
-            })
-            .collect::<Result<_>>()?;
+            .map(|f| f.as_ref().clone())
+            .collect();
         for (name, ty) in [
             ("session_start", crate::schema::ts_type()),
             ("session_end", crate::schema::ts_type()),

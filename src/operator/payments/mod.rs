@@ -51,13 +51,7 @@ pub struct Payments<'a> {
 #[async_trait::async_trait]
 impl Operator for Payments<'_> {
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
-        match given {
-            Some(k) if k != [pay::ORDER_ID] => Err(format!(
-                "[\"order_id\"] (the payments operators' key), got {k:?}"
-            )),
-            Some(k) => Ok(k),
-            None => Err("the operator's natural key columns".into()),
-        }
+        crate::operator::natural_keys(given, &[pay::ORDER_ID], "the payments operators' key")
     }
 
     async fn process(

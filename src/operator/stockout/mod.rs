@@ -67,13 +67,7 @@ impl Operator for Stockout<'_> {
     }
 
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
-        match given {
-            Some(k) if k != ["sku", "minute"] => Err(format!(
-                "[\"sku\", \"minute\"] (the alerts' key), got {k:?}"
-            )),
-            Some(k) => Ok(k),
-            None => Err("the operator's natural key columns".into()),
-        }
+        crate::operator::natural_keys(given, &["sku", "minute"], "the alerts' key")
     }
 
     async fn process(
