@@ -129,6 +129,33 @@ pub fn conform(b: &RecordBatch, target: &SchemaRef) -> crate::error::Result<Reco
     Ok(RecordBatch::try_new(target.clone(), cols)?)
 }
 
+/// Values of `columns` of row `i`, formatted and joined (a comparable identity).
+pub(crate) fn row_string(formatters: &[arrow::util::display::ArrayFormatter], i: usize) -> String {
+    let mut s = String::new();
+    for f in formatters {
+        s.push_str(&f.value(i).to_string());
+        s.push('\u{1f}');
+    }
+    s
+}
+
+pub(crate) fn formatters<'a>(
+    b: &'a RecordBatch,
+    columns: &[String],
+) -> crate::error::Result<Vec<arrow::util::display::ArrayFormatter<'a>>> {
+    let opts = arrow::util::display::FormatOptions::default().with_null("∅");
+    columns
+        .iter()
+        .map(|c| {
+            let a = b
+                .column_by_name(c)
+                .ok_or_else(|| ColumnError::Missing(c.to_string()))?;
+            arrow::util::display::ArrayFormatter::try_new(a.as_ref(), &opts)
+                .map_err(crate::error::Error::from)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -110,6 +110,10 @@ pub struct JobEntry {
     pub rows_written: i64,
     pub status: String,
     pub message: Option<String>,
+    /// The operator's own metrics by name (not a run-log column: the run log keeps
+    /// `counts`, one shape for every operator).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: std::collections::BTreeMap<String, i64>,
 }
 
 impl JobEntry {

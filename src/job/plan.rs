@@ -122,6 +122,10 @@ pub struct JobResult {
     pub batch_id: i64,
     pub state: JobState,
     pub counts: JobCounts,
+    /// The operator's own metrics by name (see [`crate::operator::metrics`]); empty in
+    /// results written before they existed.
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, i64>,
 }
 
 async fn read<T: for<'de> Deserialize<'de>>(wh: &Warehouse, key: &str) -> Result<Option<T>> {

@@ -36,9 +36,6 @@ const BUILTIN: [(&str, &str); 7] = [
     ("stockout", include_str!("../../jobs/stockout.toml")),
 ];
 
-/// Rust operators a job may name (`operator = "…"`).
-pub use crate::operator::NAMES as OPERATORS;
-
 /// What happens to events too late for the job (both are counted in the run log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LatePolicy {
@@ -57,32 +54,10 @@ pub struct TimeSpec {
     pub late_policy: LatePolicy,
 }
 
-/// What the job computes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum JobKind {
-    /// Declarative windowed aggregate, executed with DataFusion.
-    Aggregate {
-        keys: Vec<String>,
-        window: WindowSpec,
-        /// (output column, SQL aggregate expression), in file order.
-        aggregates: Vec<(String, String)>,
-        /// The event columns the aggregate expressions read (found by planning them),
-        /// so recomputes read only those, the keys and the time columns.
-        inputs: Vec<String>,
-    },
-    /// Order/payment matching (`payments_fast`, `payment_reconciliation`).
-    Payments {
-        mode: PaymentMode,
-        params: PaymentParams,
-    },
-    /// Stock-out detection: alerts per (sku, minute) and availability per sku.
-    Stockout { availability_table: String },
-}
-
 pub use crate::operator::payments::matching::{PaymentMode, PaymentParams};
 
 /// One job definition.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct JobSpec {
     pub name: String,
     /// Where it came from (for messages).
@@ -90,7 +65,8 @@ pub struct JobSpec {
     /// Six-field cron (`sec min hour dom month dow`), UTC.
     pub schedule: String,
     pub sources: Vec<String>,
-    pub kind: JobKind,
+    /// The operator that computes it, holding its parsed `[params]`.
+    pub operator: Arc<dyn crate::operator::Operator>,
     pub time: TimeSpec,
     /// Gold table path, default `gold/<name>`.
     pub table: String,
@@ -286,12 +262,13 @@ pub async fn parse(
         .transpose()?
         .flatten();
 
-    let kind = match top.str_opt("operator")? {
+    let operator = match top.str_opt("operator")? {
         Some(op) => {
-            if !OPERATORS.contains(&op) {
+            let known = crate::operator::names();
+            if !known.contains(&op) {
                 return Err(top.err(
                     "operator",
-                    format!("one of {}, got {op:?}", OPERATORS.join(", ")),
+                    format!("one of {}, got {op:?}", known.join(", ")),
                 ));
             }
             for f in ["keys", "window", "aggregates"] {
@@ -313,7 +290,7 @@ pub async fn parse(
                 "at least one column",
             ))
         }
-        given => crate::operator::of(&kind)
+        given => operator
             .merge_keys(given)
             .map_err(|want| Error::config(file, "sink.merge_keys", want))?,
     };
@@ -322,7 +299,7 @@ pub async fn parse(
         file: file.to_string(),
         schedule,
         sources,
-        kind,
+        operator,
         time,
         table: table_path,
         merge_keys,
@@ -397,6 +374,9 @@ pub async fn load_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operator::payments::Payments;
+    use crate::operator::stockout::Stockout;
+    use crate::operator::windowed::Windowed;
 
     fn schemas() -> BTreeMap<String, Arc<SourceSchema>> {
         crate::schema::load_all(Path::new("/none")).unwrap()
@@ -407,13 +387,13 @@ mod tests {
         let jobs = load_all(Path::new("/none"), &schemas()).await.unwrap();
         assert_eq!(jobs.len(), 7);
         let r = &jobs["revenue_1h"];
-        match &r.kind {
-            JobKind::Aggregate {
+        match r.operator.as_any().downcast_ref::<Windowed>() {
+            Some(Windowed {
                 keys,
                 window,
                 aggregates,
                 inputs,
-            } => {
+            }) => {
                 assert_eq!(keys, &vec!["sku".to_string()]);
                 assert_eq!(inputs, &vec!["amount_cents", "quantity", "sku"]);
                 assert_eq!(
@@ -426,19 +406,20 @@ mod tests {
                 let names: Vec<&str> = aggregates.iter().map(|(n, _)| n.as_str()).collect();
                 assert_eq!(names, vec!["orders", "units", "revenue_cents"]);
             }
-            other => panic!("{other:?}"),
+            None => panic!("{:?}", r.operator),
         }
         assert_eq!(r.merge_keys, vec!["sku", "window_start"]);
         assert_eq!(r.table, "gold/revenue_1h");
         // Recomputes read only what the aggregates and keys use (not page, sku, ids).
         for job in ["sessions", "clickstream_5m"] {
-            let JobKind::Aggregate { inputs, .. } = &jobs[job].kind else {
+            let Some(Windowed { inputs, .. }) = jobs[job].operator.as_any().downcast_ref() else {
                 panic!("{job} is windowed")
             };
             assert_eq!(inputs, &["anonymous_id", "event_type"], "{job}");
         }
         let b = &schemas()["clickstream"].bronze;
-        let JobKind::Aggregate { inputs, .. } = &jobs["sessions"].kind else {
+        let Some(Windowed { inputs, .. }) = jobs["sessions"].operator.as_any().downcast_ref()
+        else {
             panic!("sessions is windowed")
         };
         let read = crate::job::aggregate::job_input_schema(b, Some(&[inputs]));
@@ -460,10 +441,10 @@ mod tests {
         );
         assert_eq!(jobs["stockout"].table, "gold/stockout_alerts");
         assert_eq!(
-            jobs["stockout"].kind,
-            JobKind::Stockout {
+            jobs["stockout"].operator.as_any().downcast_ref(),
+            Some(&Stockout {
                 availability_table: "gold/sku_availability".into()
-            }
+            })
         );
         let so = "name = \"x\"\nschedule = \"0 * * * * *\"\noperator = \"stockout\"\n[sink]\nmerge_keys = [\"sku\", \"minute\"]\n";
         let e = err(&format!("sources = [\"orders\"]\n{so}")).await;
@@ -550,11 +531,11 @@ mod tests {
     async fn payments_jobs_check_sources_keys_and_params() {
         let jobs = load_all(Path::new("/none"), &schemas()).await.unwrap();
         assert_eq!(
-            jobs["payments_fast"].kind,
-            JobKind::Payments {
+            jobs["payments_fast"].operator.as_any().downcast_ref(),
+            Some(&Payments {
                 mode: PaymentMode::Fast,
                 params: PaymentParams::default()
-            }
+            })
         );
         let two = "sources = [\"orders\", \"payments\"]\n";
         let ok = parse(
@@ -564,13 +545,13 @@ mod tests {
         )
         .await
         .unwrap();
-        match ok.kind {
-            JobKind::Payments { mode, params } => {
-                assert_eq!(mode, PaymentMode::Reconcile);
+        match ok.operator.as_any().downcast_ref() {
+            Some(Payments { mode, params }) => {
+                assert_eq!(*mode, PaymentMode::Reconcile);
                 assert_eq!(params.business_window, Duration::from_secs(2 * 86_400));
                 assert_eq!(params.horizon, Duration::from_secs(10 * 86_400));
             }
-            other => panic!("{other:?}"),
+            None => panic!("{:?}", ok.operator),
         }
         let e = err(&format!("sources = [\"payments\", \"orders\"]\n{PAY}")).await;
         assert!(

@@ -2,12 +2,13 @@
 //! things it computes — one micro-batch from its state, and one day's restatement for a
 //! backfill. The runner (`runner::batch`, `runner::backfill`) owns the protocol around
 //! them (plans, durable results, late side output, MERGEs, the run log, leases) and is
-//! the same for every operator. [`parse`] and [`of`] are the registry: the one place that
-//! maps an operator's name and a job's kind to its operator; nothing else matches on
-//! the kind.
+//! the same for every operator. An operator reads only through its [`Context`] (the
+//! [`port::ReadPort`] — Delta tables in the warehouse, or tables in memory in tests —,
+//! the source schemas and the clock) and writes nothing: it returns the rows to commit.
 //!
-//! One module per operator, each holding its batch compute, its state handling and its
-//! restatement, with its pure logic over Arrow batches beside it:
+//! One module per operator, each holding its `[params]` parser, its batch compute, its
+//! state handling, its restatement and its metrics, with its pure logic over Arrow
+//! batches beside it:
 //! - [`windowed`]: the declarative windowed aggregates (tumbling, sliding, session); its
 //!   pure window assignment and aggregation is `job::aggregate`, which also holds the
 //!   column helpers the other operators and the runner share;
@@ -16,26 +17,36 @@
 //! - [`stockout`]: stock-out alerts and availability, pure logic in `stockout::detect`,
 //!   which `kestrel stream` runs always-on over the same code.
 //!
-//! Adding an operator: a module here implementing [`Operator`] with its `[params]` parser,
-//! a `JobKind` variant holding what it parsed, and a line in each half of the registry
-//! ([`parse`], [`of`]) plus its name in [`NAMES`].
+//! [`REGISTRY`] maps the name a job file gives (`operator = "…"`) to its parser; a file
+//! without one is a declarative windowed aggregate. Adding an operator: a module here
+//! implementing [`Operator`] with its `[params]` parser, and one line in [`REGISTRY`].
 
+pub mod metrics;
 pub mod payments;
+pub mod port;
+pub mod read;
 pub mod stockout;
 pub mod windowed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
+use datafusion::common::ScalarValue;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
 
-use crate::error::Result;
-use crate::job::plan::{JobPlan, JobState};
-use crate::job::spec::{Fields, JobKind, JobSpec, PaymentMode};
+use crate::error::{Error, Result};
+use crate::job::plan::{JobPlan, JobResult, JobState};
+use crate::job::spec::{Fields, JobSpec};
 use crate::names;
-use crate::runner::backfill::{DayInput, Restated};
-use crate::runner::batch::{Computed, JobRunner};
 use crate::schema::SourceSchema;
+use crate::time::clock::Clock;
+use crate::time::Micros;
+pub use metrics::Metrics;
+use port::ReadPort;
 
 /// One table an operator writes, and the txn app id its commits carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,9 +55,9 @@ pub struct Output {
     pub app: String,
 }
 
-/// A job's operator.
+/// A job's operator, holding its parsed `[params]`.
 #[async_trait]
-pub trait Operator: Send + Sync {
+pub trait Operator: std::fmt::Debug + Send + Sync {
     /// Gold tables written after the job's own `[sink] table`, in commit order (the last
     /// commit of a batch completes it).
     fn more_outputs(&self, _spec: &JobSpec) -> Vec<Output> {
@@ -63,10 +74,10 @@ pub trait Operator: Send + Sync {
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String>;
 
     /// Compute batch `plan` from the state `before` it: new rows, watermark, touched
-    /// output rows, too-late rows and the state after it.
+    /// output rows, too-late rows, the state after it and the batch's metrics.
     async fn process(
         &self,
-        rt: &JobRunner,
+        cx: &Context<'_>,
         spec: &JobSpec,
         plan: &JobPlan,
         before: JobState,
@@ -75,11 +86,48 @@ pub trait Operator: Send + Sync {
     /// The job's gold rows of `day`, recomputed from everything it consumed.
     async fn restate(
         &self,
-        rt: &JobRunner,
+        cx: &Context<'_>,
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
     ) -> Result<Restated>;
+
+    /// The operator as `Any`, for tests that look at what was parsed.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Parses one operator's `[params]` (and checks its sources) from a job file.
+pub(crate) type Parse =
+    fn(&Fields<'_>, &[String], &BTreeMap<String, Arc<SourceSchema>>) -> Result<Arc<dyn Operator>>;
+
+/// The registry: the operators a job file names with `operator = "…"`, and their
+/// parsers. A file without `operator` is a declarative windowed aggregate
+/// ([`windowed::parse`]).
+pub(crate) const REGISTRY: [(&str, Parse); 3] = [
+    ("payments_fast", payments::parse_fast),
+    ("payment_reconciliation", payments::parse_reconciliation),
+    ("stockout", stockout::parse),
+];
+
+/// The names [`REGISTRY`] knows, in its order.
+pub fn names() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(n, _)| *n).collect()
+}
+
+/// Parse the `[params]` (and check the sources) of the operator a job file names.
+pub(crate) fn parse(
+    name: &str,
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<Arc<dyn Operator>> {
+    match REGISTRY.iter().find(|(n, _)| *n == name) {
+        Some((_, parse)) => parse(top, sources, schemas),
+        None => Err(top.err(
+            "operator",
+            format!("one of {}, got {name:?}", names().join(", ")),
+        )),
+    }
 }
 
 /// The merge keys of an operator whose gold rows have a natural key (`whose`, for the
@@ -96,66 +144,191 @@ pub(crate) fn natural_keys(
     }
 }
 
-/// The operators a job file names with `operator = "…"`; a file without one is a
-/// declarative windowed aggregate ([`windowed::parse`]).
-pub const NAMES: [&str; 3] = ["payments_fast", "payment_reconciliation", "stockout"];
-
-/// The registry, part one: parse the `[params]` (and check the sources) of the
-/// operator a job file names.
-pub(crate) fn parse(
-    name: &str,
-    top: &Fields<'_>,
-    sources: &[String],
-    schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
-    match name {
-        "payments_fast" => payments::parse(top, PaymentMode::Fast, sources, schemas),
-        "payment_reconciliation" => payments::parse(top, PaymentMode::Reconcile, sources, schemas),
-        "stockout" => stockout::parse(top, sources, schemas),
-        other => Err(top.err(
-            "operator",
-            format!("one of {}, got {other:?}", NAMES.join(", ")),
-        )),
-    }
+/// What an operator computes with: the tables it reads, the source schemas, the clock.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    pub port: &'a dyn ReadPort,
+    pub schemas: &'a BTreeMap<String, Arc<SourceSchema>>,
+    pub clock: &'a Clock,
 }
 
-/// The registry, part two: the operator of a job's kind, holding its parsed `[params]`.
-pub fn of(kind: &JobKind) -> Box<dyn Operator + '_> {
-    match kind {
-        JobKind::Aggregate {
+impl<'a> Context<'a> {
+    pub fn new(
+        port: &'a dyn ReadPort,
+        schemas: &'a BTreeMap<String, Arc<SourceSchema>>,
+        clock: &'a Clock,
+    ) -> Self {
+        Context {
+            port,
+            schemas,
+            clock,
+        }
+    }
+
+    /// Processing time now, in microseconds.
+    pub fn now_us(&self) -> Micros {
+        self.clock.now_us()
+    }
+
+    pub fn source_schema(&self, source: &str) -> Result<&'a Arc<SourceSchema>> {
+        self.schemas
+            .get(source)
+            .ok_or_else(|| Error::NoSchema(source.to_string()))
+    }
+
+    /// Table `path` alone in a new session as `alias`; None when it does not exist yet.
+    pub async fn open(&self, path: &str, alias: &str) -> Result<Option<SessionContext>> {
+        port::open(self.port, path, alias).await
+    }
+
+    /// A session with every source's bronze table as [`read::session_table`] (an empty
+    /// table for a source that has no bronze yet).
+    pub async fn sources_session(&self, spec: &JobSpec) -> Result<SessionContext> {
+        let ctx = self.port.session();
+        for s in &spec.sources {
+            let alias = read::session_table(s);
+            if !self
+                .port
+                .register(&ctx, &names::table::bronze(s), &alias)
+                .await?
+            {
+                let schema = self.source_schema(s)?.bronze.clone();
+                let empty = MemTable::try_new(schema, vec![vec![]])
+                    .map_err(|e| Error::query("empty bronze table", e))?;
+                ctx.register_table(alias, Arc::new(empty))
+                    .map_err(|e| Error::query("empty bronze table", e))?;
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// A gold output to the job's own table (`[sink] table`, keys `merge_keys`).
+    pub(crate) fn gold_output(
+        &self,
+        spec: &JobSpec,
+        schema: SchemaRef,
+        rows: Vec<RecordBatch>,
+        partitions: &[&'static str],
+        extra_partitions: Vec<Vec<ScalarValue>>,
+    ) -> GoldRows {
+        let keys = spec
+            .merge_keys
+            .iter()
+            .map(|k| {
+                // `=` for keys that cannot be null: MERGE then joins on every key; with
+                // `IS NOT DISTINCT FROM` DataFusion hashes only the non-null-safe ones and
+                // compares the rest pairwise (seconds per batch for a sliding window).
+                let nullable = self
+                    .source_schema(&spec.sources[0])
+                    .is_ok_and(|s| s.may_be_null(k));
+                (k.clone(), nullable)
+            })
+            .collect();
+        GoldRows {
+            table: spec.table.clone(),
+            app: names::app::job(&spec.name),
             keys,
-            window,
-            aggregates,
-            inputs,
-        } => Box::new(windowed::Windowed {
-            keys,
-            window,
-            aggregates,
-            inputs,
-        }),
-        JobKind::Payments { mode, params } => Box::new(payments::Payments {
-            mode: *mode,
-            params,
-        }),
-        JobKind::Stockout { availability_table } => {
-            Box::new(stockout::Stockout { availability_table })
+            schema,
+            rows,
+            partitions: partitions.to_vec(),
+            extra_partitions,
+            append_only: false,
         }
     }
 }
 
-impl JobSpec {
-    /// The job's operator.
-    pub fn operator(&self) -> Box<dyn Operator + '_> {
-        of(&self.kind)
-    }
+/// A computed batch: its durable result and the rows to commit.
+pub struct Computed {
+    pub(crate) result: JobResult,
+    pub(crate) late: Option<RecordBatch>,
+    /// Gold MERGEs, committed in this order; the last one completes the batch's gold.
+    pub(crate) gold: Vec<GoldRows>,
+}
 
+impl Computed {
+    /// The batch `plan` computed: its durable result (state after it, counts) and the
+    /// rows to commit.
+    pub(crate) fn new(
+        plan: &JobPlan,
+        state: JobState,
+        metrics: &impl Metrics,
+        late: Option<RecordBatch>,
+        gold: Vec<GoldRows>,
+    ) -> Result<Self> {
+        Ok(Computed {
+            result: JobResult {
+                job: plan.job.clone(),
+                batch_id: plan.batch_id,
+                state,
+                counts: metrics.counts(),
+                metrics: metrics::named(metrics)?,
+            },
+            late,
+            gold,
+        })
+    }
+}
+
+/// Merge-source rows for one gold table.
+#[derive(Clone)]
+pub struct GoldRows {
+    pub(crate) table: String,
+    /// Application id of the table's commits (txn version = job batch).
+    pub(crate) app: String,
+    /// Key columns and whether each is nullable.
+    pub(crate) keys: Vec<(String, bool)>,
+    /// The gold table's schema (the rows add `_op`).
+    pub(crate) schema: SchemaRef,
+    pub(crate) rows: Vec<RecordBatch>,
+    /// Partition columns of the gold table a new table gets (a date and its hour, or an
+    /// integer bucket); a table created by an earlier release may have fewer.
+    pub(crate) partitions: Vec<&'static str>,
+    /// Per partition column, values the MERGE must read besides those the rows go to
+    /// (where rows that moved or are deleted may sit now); may be shorter than
+    /// `partitions`.
+    pub(crate) extra_partitions: Vec<Vec<ScalarValue>>,
+    /// Every row is an upsert of a key the table does not hold (the operator read the
+    /// existing rows): append instead of MERGE, which reads no target file.
+    pub(crate) append_only: bool,
+}
+
+/// What a day's recompute reads: the job's state after its last batch, and sessions
+/// over every source's bronze (`bronze_<source>`) and the job's late ledger (`late`).
+pub struct DayInput {
+    pub(crate) watermark: Option<Micros>,
+    pub(crate) positions: BTreeMap<String, i64>,
+    pub(crate) as_of_batch: i64,
+    pub(crate) ctx: SessionContext,
+    pub(crate) late: Option<SessionContext>,
+}
+
+impl DayInput {
+    pub(crate) fn position(&self, source: &str) -> i64 {
+        self.positions.get(source).copied().unwrap_or(0)
+    }
+}
+
+/// A day's recomputed gold rows (merge schema, all upserts, all in the day's partition).
+pub struct Restated {
+    pub(crate) rows: RecordBatch,
+    pub(crate) gold_schema: SchemaRef,
+    /// Columns that identify a row (the merge keys).
+    pub(crate) ident: Vec<String>,
+    /// The date partition column (a day's rows are those of `partition = day`)…
+    pub(crate) partition: &'static str,
+    /// …and every partition column a new table gets.
+    pub(crate) partitions: &'static [&'static str],
+    pub(crate) with_too_late: Vec<String>,
+}
+
+impl JobSpec {
     /// The gold tables this job writes, in the order a batch commits them.
     pub fn outputs(&self) -> Vec<Output> {
         let mut out = vec![Output {
             table: self.table.clone(),
             app: names::app::job(&self.name),
         }];
-        out.extend(self.operator().more_outputs(self));
+        out.extend(self.operator.more_outputs(self));
         out
     }
 
@@ -179,7 +352,7 @@ impl JobSpec {
     /// Whether `kestrel stream` can run this job always-on (the same operator code over
     /// a poll's rows).
     pub fn can_stream(&self) -> bool {
-        self.operator().can_stream()
+        self.operator.can_stream()
     }
 }
 

@@ -14,22 +14,20 @@ use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
 use datafusion::prelude::{col, SessionContext};
 use tracing::info;
 
+use crate::columns::{formatters, row_string};
 use crate::error::{Error, Result};
 use crate::job::aggregate::{
     self as agg, GoldSession, GoldStamp, KeyEncoder, SessionScope, Touched, DAY,
 };
-use crate::job::plan::{Cutoff, JobCounts, JobPlan, JobState};
+use crate::job::plan::{Cutoff, JobPlan, JobState};
 use crate::job::spec::JobSpec;
-use crate::job::spec::{is_identifier, Fields, JobKind};
+use crate::job::spec::{is_identifier, Fields};
 use crate::names;
-use crate::operator::Operator;
-use crate::runner::backfill::{consumed_in, formatters, row_string, DayInput, Restated};
-use crate::runner::batch::{
-    take_new_rows, Computed, JobRunner, NewRows, GOLD_PARTITION, GOLD_PARTITIONS,
-};
-use crate::runner::read;
+use crate::operator::metrics::{InputCounts, Metrics};
+use crate::operator::read::{self, consumed_in, take_new_rows, NewRows};
+use crate::operator::{Computed, Context, DayInput, Operator, Restated};
 use crate::schema::SourceSchema;
-use crate::sink::{delta, late};
+use crate::sink::late;
 use crate::time::window::WindowSpec;
 use crate::time::{iso, micros, Micros};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -37,47 +35,44 @@ use datafusion::datasource::MemTable;
 use datafusion::logical_expr::LogicalPlan;
 use std::time::Duration;
 
-/// The declarative windowed aggregate: `[window]` (tumbling, sliding or session) over
-/// `keys`, `[aggregates]` per window, corrections inside the lookback.
-#[derive(Clone, Copy)]
-pub struct Windowed<'a> {
-    pub keys: &'a [String],
-    pub window: &'a WindowSpec,
-    /// (output column, SQL aggregate expression), in file order.
-    pub aggregates: &'a [(String, String)],
-    /// The event columns the aggregates read.
-    pub inputs: &'a [String],
+/// Partition column of gold tables of windowed jobs.
+pub const GOLD_PARTITION: &str = "window_date";
+
+/// Partition columns of a windowed job's gold table: the window's date, then its hour.
+pub const GOLD_PARTITIONS: [&str; 2] = [GOLD_PARTITION, agg::WINDOW_HOUR];
+
+/// What one batch of a windowed job did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WindowedMetrics {
+    pub input: InputCounts,
+    /// Windows (or sessions) recomputed and upserted.
+    pub windows: i64,
+    /// Stale sessions deleted (merged or split by a late event).
+    pub sessions_deleted: i64,
+    /// Recomputed windows that were already final.
+    pub corrections: i64,
 }
 
-#[async_trait::async_trait]
-impl Operator for Windowed<'_> {
-    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
-        Ok(given.unwrap_or_else(|| {
-            let mut k = self.keys.to_vec();
-            k.push(crate::job::spec::window_start_column(self.window).to_string());
-            k
-        }))
+impl Metrics for WindowedMetrics {
+    fn input(&self) -> InputCounts {
+        self.input
     }
+    fn outputs(&self) -> (i64, i64, i64) {
+        (self.windows, self.sessions_deleted, self.corrections)
+    }
+}
 
-    async fn process(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        before: JobState,
-    ) -> Result<Computed> {
-        rt.compute_windows(*self, spec, plan, before).await
-    }
-
-    async fn restate(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        rt.restate_windows(*self, spec, day, input).await
-    }
+/// The declarative windowed aggregate: `[window]` (tumbling, sliding or session) over
+/// `keys`, `[aggregates]` per window, corrections inside the lookback.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Windowed {
+    pub keys: Vec<String>,
+    pub window: WindowSpec,
+    /// (output column, SQL aggregate expression), in file order.
+    pub aggregates: Vec<(String, String)>,
+    /// The event columns the aggregate expressions read (found by planning them), so
+    /// recomputes read only those, the keys and the time columns.
+    pub inputs: Vec<String>,
 }
 
 /// A declarative windowed aggregate: one source, `keys`, `[window]` and `[aggregates]`,
@@ -87,7 +82,7 @@ pub(crate) async fn parse(
     top: &Fields<'_>,
     sources: &[String],
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
+) -> Result<Arc<dyn Operator>> {
     if sources.len() != 1 {
         return Err(top.err("sources", "exactly one source for a windowed aggregate job"));
     }
@@ -204,12 +199,12 @@ pub(crate) async fn parse(
             }
         }
     }
-    Ok(JobKind::Aggregate {
+    Ok(Arc::new(Windowed {
         keys,
         window,
         aggregates,
         inputs: inputs.into_iter().collect(),
-    })
+    }))
 }
 
 /// Add the columns the table scans of `plan` read to `out`.
@@ -227,31 +222,37 @@ fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<Stri
     });
 }
 
-impl JobRunner {
+#[async_trait::async_trait]
+impl Operator for Windowed {
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        Ok(given.unwrap_or_else(|| {
+            let mut k = self.keys.to_vec();
+            k.push(crate::job::spec::window_start_column(&self.window).to_string());
+            k
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     /// A windowed job's batch: the applied new rows, the windows (sessions) they touch,
     /// those recomputed from every applied row in them, and the gold rows that changed.
-    async fn compute_windows(
+    async fn process(
         &self,
-        op: Windowed<'_>,
+        cx: &Context<'_>,
         spec: &JobSpec,
         plan: &JobPlan,
-        mut state: JobState,
+        before: JobState,
     ) -> Result<Computed> {
-        let Windowed {
-            keys,
-            window,
-            aggregates,
-            inputs,
-        } = op;
+        let mut state = before;
+        let (keys, window) = (self.keys.as_slice(), &self.window);
+        let (aggregates, inputs) = (self.aggregates.as_slice(), self.inputs.as_slice());
         let source = &spec.sources[0];
-        let schema = self.source_schema(source)?.bronze.clone();
+        let schema = cx.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
-        let bronze = self.wh.open(&names::table::bronze(source)).await?;
-        let ctx = match &bronze {
-            Some(t) => Some(delta::session_with(t, "bronze").await?),
-            None => None,
-        };
+        let ctx = cx.open(&names::table::bronze(source), "bronze").await?;
         // Reads project the job's input columns (keys, what its aggregates read, time
         // columns); the session finalisation lookup only keys, times and arrival columns.
         let new_schema = agg::project(&schema, &agg::new_row_columns(keys))?;
@@ -291,7 +292,7 @@ impl JobRunner {
 
         // 3–4. Touched windows, recomputed from applied bronze rows.
         let mut enc = KeyEncoder::new(&schema, keys)?;
-        let now = self.now_us();
+        let now = cx.now_us();
         let (gold, windows, deleted, corrections) = match window {
             WindowSpec::Session { gap } => {
                 let gap = *gap;
@@ -316,9 +317,8 @@ impl JobRunner {
                 }
                 let lookup = scope.lookup_ranges();
                 if !lookup.is_empty() {
-                    let existing = self
-                        .gold_sessions(spec, &mut enc, keys, &lookup, lookback)
-                        .await?;
+                    let existing =
+                        gold_sessions(cx, spec, &mut enc, keys, &lookup, lookback).await?;
                     scope.widen(existing);
                 }
                 let ranges = scope.ranges();
@@ -401,113 +401,44 @@ impl JobRunner {
             )?),
             _ => None,
         };
-        let counts = JobCounts {
-            rows_in: new.num_rows() as i64,
-            applied: applied.num_rows() as i64,
-            too_late: late_rows.num_rows() as i64,
-            windows_recomputed: windows as i64,
-            deleted: deleted as i64,
+        let metrics = WindowedMetrics {
+            input: InputCounts {
+                rows_in: new.num_rows() as i64,
+                applied: applied.num_rows() as i64,
+                too_late: late_rows.num_rows() as i64,
+                watermark_before: w_before,
+                watermark_after: w_after,
+            },
+            windows: windows as i64,
+            sessions_deleted: deleted as i64,
             corrections: corrections as i64,
-            watermark_before: w_before,
-            watermark_after: w_after,
         };
-        Ok(Computed::new(
+        Computed::new(
             plan,
             state,
-            counts,
+            &metrics,
             late,
-            vec![self.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
-        ))
-    }
-
-    /// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
-    /// after its `lo`, starting at or before its `hi`), looked up in the window dates from
-    /// the first `lo − lookback` (sessions are assumed shorter than the lookback) to the
-    /// last `hi`.
-    async fn gold_sessions(
-        &self,
-        spec: &JobSpec,
-        enc: &mut KeyEncoder,
-        keys: &[String],
-        ranges: &[(Micros, Micros)],
-        lookback: Micros,
-    ) -> Result<Vec<GoldSession>> {
-        let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
-            return Ok(Vec::new());
-        };
-        let (lo, hi) = (first.0, last.1);
-        let bronze = &self.source_schema(&spec.sources[0])?.bronze;
-        let Some(table) = self.wh.open(&spec.table).await? else {
-            return Ok(Vec::new());
-        };
-        let ctx: SessionContext = delta::session_with(&table, "gold").await?;
-        let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
-        let overlaps = ranges
-            .iter()
-            .map(|&(lo, hi)| {
-                col("session_end")
-                    .gt_eq(read::ts_lit(lo))
-                    .and(col("session_start").lt_eq(read::ts_lit(hi)))
-            })
-            .reduce(datafusion::prelude::Expr::or)
-            .unwrap_or(datafusion::prelude::lit(false));
-        let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
-        // Key columns typed as in bronze, so their encodings compare equal.
-        let mut fields: Vec<arrow::datatypes::Field> = agg::project(bronze, keys)?
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        for (name, ty) in [
-            ("session_start", crate::schema::ts_type()),
-            ("session_end", crate::schema::ts_type()),
-            ("is_final", arrow::datatypes::DataType::Boolean),
-        ] {
-            fields.push(arrow::datatypes::Field::new(name, ty, true));
-        }
-        let target: SchemaRef = Arc::new(Schema::new(fields));
-        let b = read::read(&ctx, "gold", filter, &target).await?;
-        let key_rows = enc.encode(&b)?;
-        let start = b
-            .column(keys.len())
-            .as_primitive::<TimestampMicrosecondType>();
-        let end = b
-            .column(keys.len() + 1)
-            .as_primitive::<TimestampMicrosecondType>();
-        let fin = b.column(keys.len() + 2).as_boolean();
-        Ok(key_rows
-            .into_iter()
-            .enumerate()
-            .map(|(i, key)| GoldSession {
-                key,
-                start: start.value(i),
-                end: end.value(i),
-                is_final: fin.value(i),
-            })
-            .collect())
+            vec![cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
+        )
     }
 
     /// A windowed job's rows of windows starting on `day`.
-    async fn restate_windows(
+    async fn restate(
         &self,
-        op: Windowed<'_>,
+        cx: &Context<'_>,
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
     ) -> Result<Restated> {
         let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let Windowed {
-            keys,
-            window,
-            aggregates,
-            inputs,
-        } = op;
+        let (keys, window) = (self.keys.as_slice(), &self.window);
+        let (aggregates, inputs) = (self.aggregates.as_slice(), self.inputs.as_slice());
         let source = &spec.sources[0];
-        let bronze = self.source_schema(source)?.bronze.clone();
+        let bronze = cx.source_schema(source)?.bronze.clone();
         let input_schema = agg::job_input_schema(&bronze, Some(&[keys, inputs]));
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let position = input.position(source);
-        let table = crate::runner::read::session_table(source);
+        let table = read::session_table(source);
         let read_range = |from: Micros, to: Micros| {
             let filter = consumed_in((from, to), position);
             let schema = input_schema.clone();
@@ -559,7 +490,7 @@ impl JobRunner {
             w_after: input.watermark,
             final_after,
             batch_id: input.as_of_batch,
-            now_us: self.now_us(),
+            now_us: cx.now_us(),
         };
         let new_rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
         let new = arrow::compute::concat_batches(&agg::merge_schema(&gold_schema), &new_rows)?;
@@ -574,7 +505,7 @@ impl JobRunner {
         // Windows holding rows that were too late for the live job.
         let with_too_late = match late_ctx {
             Some(lctx) => {
-                self.too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
+                too_late_windows(lctx, keys, window, &assigned, late_span, (lo, hi), &bronze)
                     .await?
             }
             None => Vec::new(),
@@ -589,77 +520,142 @@ impl JobRunner {
             with_too_late,
         })
     }
+}
 
-    /// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
-    /// ledger, as `key… @ start`.
-    #[allow(clippy::too_many_arguments)]
-    async fn too_late_windows(
-        &self,
-        lctx: &SessionContext,
-        keys: &[String],
-        window: &WindowSpec,
-        assigned: &RecordBatch,
-        (from, to): (Micros, Micros),
-        (lo, hi): (Micros, Micros),
-        bronze: &SchemaRef,
-    ) -> Result<Vec<String>> {
-        let mut cols: Vec<String> = keys.to_vec();
-        cols.push("event_ts".into());
-        cols.push("event_id".into());
-        let schema = agg::project(bronze, &cols)?;
-        let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
-            .and(read::in_ranges("event_ts", &[(from, to)]));
-        let rows = read::read(lctx, "late", filter, &schema).await?;
-        if rows.num_rows() == 0 {
-            return Ok(Vec::new());
-        }
-        let ts = crate::columns::event_ts(&rows)?;
-        let key_cols: Vec<String> = keys.to_vec();
-        let fk = formatters(&rows, &key_cols)?;
-        let mut out: BTreeMap<String, ()> = BTreeMap::new();
-        match window {
-            WindowSpec::Session { .. } => {
-                // The session of the late row: same key, start ≤ ts ≤ end.
-                let ak = formatters(assigned, &key_cols)?;
-                let starts = crate::columns::int64(assigned, agg::WINDOW_START)?;
-                let ends = crate::columns::int64(assigned, agg::SESSION_END)?;
-                let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
-                for i in 0..assigned.num_rows() {
-                    sessions
-                        .entry(row_string(&ak, i))
-                        .or_default()
-                        .push((starts.value(i), ends.value(i)));
+/// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
+/// after its `lo`, starting at or before its `hi`), looked up in the window dates from
+/// the first `lo − lookback` (sessions are assumed shorter than the lookback) to the
+/// last `hi`.
+async fn gold_sessions(
+    cx: &Context<'_>,
+    spec: &JobSpec,
+    enc: &mut KeyEncoder,
+    keys: &[String],
+    ranges: &[(Micros, Micros)],
+    lookback: Micros,
+) -> Result<Vec<GoldSession>> {
+    let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+        return Ok(Vec::new());
+    };
+    let (lo, hi) = (first.0, last.1);
+    let bronze = &cx.source_schema(&spec.sources[0])?.bronze;
+    let Some(ctx) = cx.open(&spec.table, "gold").await? else {
+        return Ok(Vec::new());
+    };
+    let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
+    let overlaps = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            col("session_end")
+                .gt_eq(read::ts_lit(lo))
+                .and(col("session_start").lt_eq(read::ts_lit(hi)))
+        })
+        .reduce(datafusion::prelude::Expr::or)
+        .unwrap_or(datafusion::prelude::lit(false));
+    let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
+    // Key columns typed as in bronze, so their encodings compare equal.
+    let mut fields: Vec<arrow::datatypes::Field> = agg::project(bronze, keys)?
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    for (name, ty) in [
+        ("session_start", crate::schema::ts_type()),
+        ("session_end", crate::schema::ts_type()),
+        ("is_final", arrow::datatypes::DataType::Boolean),
+    ] {
+        fields.push(arrow::datatypes::Field::new(name, ty, true));
+    }
+    let target: SchemaRef = Arc::new(Schema::new(fields));
+    let b = read::read(&ctx, "gold", filter, &target).await?;
+    let key_rows = enc.encode(&b)?;
+    let start = b
+        .column(keys.len())
+        .as_primitive::<TimestampMicrosecondType>();
+    let end = b
+        .column(keys.len() + 1)
+        .as_primitive::<TimestampMicrosecondType>();
+    let fin = b.column(keys.len() + 2).as_boolean();
+    Ok(key_rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, key)| GoldSession {
+            key,
+            start: start.value(i),
+            end: end.value(i),
+            is_final: fin.value(i),
+        })
+        .collect())
+}
+
+/// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
+/// ledger, as `key… @ start`.
+#[allow(clippy::too_many_arguments)]
+async fn too_late_windows(
+    lctx: &SessionContext,
+    keys: &[String],
+    window: &WindowSpec,
+    assigned: &RecordBatch,
+    (from, to): (Micros, Micros),
+    (lo, hi): (Micros, Micros),
+    bronze: &SchemaRef,
+) -> Result<Vec<String>> {
+    let mut cols: Vec<String> = keys.to_vec();
+    cols.push("event_ts".into());
+    cols.push("event_id".into());
+    let schema = agg::project(bronze, &cols)?;
+    let filter = read::dates_in(late::PARTITION, &agg::dates_of(&[(from, to)]))
+        .and(read::in_ranges("event_ts", &[(from, to)]));
+    let rows = read::read(lctx, "late", filter, &schema).await?;
+    if rows.num_rows() == 0 {
+        return Ok(Vec::new());
+    }
+    let ts = crate::columns::event_ts(&rows)?;
+    let key_cols: Vec<String> = keys.to_vec();
+    let fk = formatters(&rows, &key_cols)?;
+    let mut out: BTreeMap<String, ()> = BTreeMap::new();
+    match window {
+        WindowSpec::Session { .. } => {
+            // The session of the late row: same key, start ≤ ts ≤ end.
+            let ak = formatters(assigned, &key_cols)?;
+            let starts = crate::columns::int64(assigned, agg::WINDOW_START)?;
+            let ends = crate::columns::int64(assigned, agg::SESSION_END)?;
+            let mut sessions: HashMap<String, Vec<(Micros, Micros)>> = HashMap::new();
+            for i in 0..assigned.num_rows() {
+                sessions
+                    .entry(row_string(&ak, i))
+                    .or_default()
+                    .push((starts.value(i), ends.value(i)));
+            }
+            for i in 0..rows.num_rows() {
+                let k = row_string(&fk, i);
+                let t = ts.value(i);
+                if let Some(s) = sessions
+                    .get(&k)
+                    .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
+                {
+                    out.insert(
+                        format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(s.0)),
+                        (),
+                    );
                 }
-                for i in 0..rows.num_rows() {
-                    let k = row_string(&fk, i);
-                    let t = ts.value(i);
-                    if let Some(s) = sessions
-                        .get(&k)
-                        .and_then(|v| v.iter().find(|(s, e)| *s <= t && t <= *e))
-                    {
+            }
+        }
+        _ => {
+            for i in 0..rows.num_rows() {
+                let k = row_string(&fk, i);
+                window.each_window(ts.value(i), |start, _| {
+                    if start >= lo && start < hi {
                         out.insert(
-                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(s.0)),
+                            format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(start)),
                             (),
                         );
                     }
-                }
-            }
-            _ => {
-                for i in 0..rows.num_rows() {
-                    let k = row_string(&fk, i);
-                    window.each_window(ts.value(i), |start, _| {
-                        if start >= lo && start < hi {
-                            out.insert(
-                                format!("{} @ {}", k.replace('\u{1f}', " ").trim_end(), iso(start)),
-                                (),
-                            );
-                        }
-                    });
-                }
+                });
             }
         }
-        Ok(out.into_keys().collect())
     }
+    Ok(out.into_keys().collect())
 }
 
 /// The rows a batch recomputes its windows from: the older applied bronze rows (ingestion

@@ -25,14 +25,12 @@
 //!   A later live correction of a restated window (only possible inside the lookback)
 //!   recomputes it from applied rows again, without the too-late ones.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::ScalarValue;
-use datafusion::prelude::{col, lit, SessionContext};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
@@ -63,10 +61,11 @@ pub enum BackfillError {
     #[error("backfill progress: {0}")]
     Progress(#[from] serde_json::Error),
 }
+use crate::columns::{formatters, row_string};
+use crate::operator::{read, DayInput, Restated};
 use crate::runlog;
-use crate::runner::read;
 use crate::sink::delta::{self, MergeSpec};
-use crate::time::{date, Micros};
+use crate::time::date;
 
 /// What to backfill.
 #[derive(Debug, Clone, Default)]
@@ -135,78 +134,12 @@ struct Checkpoint {
     done: Vec<i32>,
 }
 
-/// What a day's recompute reads: the job's state after its last batch, and sessions
-/// over every source's bronze (`bronze_<source>`) and the job's late ledger (`late`).
-pub struct DayInput {
-    pub(crate) watermark: Option<Micros>,
-    pub(crate) positions: BTreeMap<String, i64>,
-    pub(crate) as_of_batch: i64,
-    pub(crate) ctx: SessionContext,
-    pub(crate) late: Option<SessionContext>,
-}
-
-impl DayInput {
-    pub(crate) fn position(&self, source: &str) -> i64 {
-        self.positions.get(source).copied().unwrap_or(0)
-    }
-}
-
-/// A day's recomputed gold rows (merge schema, all upserts, all in the day's partition).
-pub struct Restated {
-    pub(crate) rows: RecordBatch,
-    pub(crate) gold_schema: SchemaRef,
-    /// Columns that identify a row (the merge keys).
-    pub(crate) ident: Vec<String>,
-    /// The date partition column (a day's rows are those of `partition = day`)…
-    pub(crate) partition: &'static str,
-    /// …and every partition column a new table gets.
-    pub(crate) partitions: &'static [&'static str],
-    pub(crate) with_too_late: Vec<String>,
-}
-
-/// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
-/// event times `[from, to)`, restricted to their event dates.
-pub(crate) fn consumed_in(
-    (from, to): (Micros, Micros),
-    position: i64,
-) -> datafusion::prelude::Expr {
-    read::dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
-        .and(read::in_ranges("event_ts", &[(from, to)]))
-        .and(col("_batch_id").lt_eq(lit(position)))
-}
-
 /// Parse `YYYY-MM-DD` to a day number.
 pub fn parse_date(s: &str) -> std::result::Result<i32, String> {
     let d = chrono::NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d")
         .map_err(|e| format!("expected a date YYYY-MM-DD, got {s:?} ({e})"))?;
     let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
     Ok((d - epoch).num_days() as i32)
-}
-
-/// Values of `columns` of row `i`, formatted and joined (a comparable identity).
-pub(crate) fn row_string(formatters: &[ArrayFormatter], i: usize) -> String {
-    let mut s = String::new();
-    for f in formatters {
-        s.push_str(&f.value(i).to_string());
-        s.push('\u{1f}');
-    }
-    s
-}
-
-pub(crate) fn formatters<'a>(
-    b: &'a RecordBatch,
-    columns: &[String],
-) -> Result<Vec<ArrayFormatter<'a>>> {
-    let opts = FormatOptions::default().with_null("∅");
-    columns
-        .iter()
-        .map(|c| {
-            let a = b
-                .column_by_name(c)
-                .ok_or_else(|| crate::columns::ColumnError::Missing(c.to_string()))?;
-            ArrayFormatter::try_new(a.as_ref(), &opts).map_err(Error::from)
-        })
-        .collect()
 }
 
 impl JobRunner {
@@ -297,11 +230,9 @@ impl JobRunner {
             days: Vec::new(),
         };
         // Every source's bronze as `bronze_<source>`.
-        let ctx = self.sources_session(spec).await?;
-        let late = match self.wh.open(&names::table::late(&spec.name)).await? {
-            Some(t) => Some(delta::session_with(&t, "late").await?),
-            None => None,
-        };
+        let cx = self.context();
+        let ctx = cx.sources_session(spec).await?;
+        let late = cx.open(&names::table::late(&spec.name), "late").await?;
         let input = DayInput {
             watermark: state.watermark.current,
             positions: state.positions.clone(),
@@ -343,7 +274,10 @@ impl JobRunner {
 
     /// Recompute one day and MERGE what changed.
     async fn backfill_day(&self, spec: &JobSpec, day: i32, input: &DayInput) -> Result<DayReport> {
-        let r = spec.operator().restate(self, spec, day, input).await?;
+        let r = spec
+            .operator
+            .restate(&self.context(), spec, day, input)
+            .await?;
         self.apply_restated(spec, day, r).await
     }
 
@@ -452,7 +386,7 @@ impl JobRunner {
             ])));
             merge_rows.push(RecordBatch::try_new(agg::merge_schema(&gold_schema), cols)?);
         }
-        let out = self.gold_output(
+        let out = self.context().gold_output(
             spec,
             gold_schema.clone(),
             merge_rows,

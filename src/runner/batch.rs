@@ -24,30 +24,25 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
-use datafusion::prelude::{col, SessionContext};
 use deltalake::DeltaTable;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::job::aggregate::{self as agg};
-use crate::job::plan::{self, Input, JobCounts, JobPlan, JobResult, JobState};
+use crate::job::plan::{self, Input, JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::names;
+use crate::operator::{read, Computed, Context, GoldRows};
 use crate::runlog::{self, JobEntry};
-use crate::runner::read;
 use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, MergeSpec, Warehouse};
 use crate::sink::late;
 use crate::time::clock::Clock;
 use crate::time::{micros, Micros};
-
-/// Partition column of gold tables of windowed jobs.
-pub const GOLD_PARTITION: &str = "window_date";
 
 /// What one run did for one job.
 #[derive(Debug, Clone, Default)]
@@ -80,37 +75,6 @@ impl JobReport {
     }
 }
 
-/// A computed batch: its durable result and the rows to commit.
-pub struct Computed {
-    pub(crate) result: JobResult,
-    pub(crate) late: Option<RecordBatch>,
-    /// Gold MERGEs, committed in this order; the last one completes the batch's gold.
-    pub(crate) gold: Vec<GoldRows>,
-}
-
-impl Computed {
-    /// The batch `plan` computed: its durable result (state after it, counts) and the
-    /// rows to commit.
-    pub(crate) fn new(
-        plan: &JobPlan,
-        state: JobState,
-        counts: JobCounts,
-        late: Option<RecordBatch>,
-        gold: Vec<GoldRows>,
-    ) -> Self {
-        Computed {
-            result: JobResult {
-                job: plan.job.clone(),
-                batch_id: plan.batch_id,
-                state,
-                counts,
-            },
-            late,
-            gold,
-        }
-    }
-}
-
 /// Attempts of a gold commit that keeps losing races with other writers.
 pub const MERGE_ATTEMPTS: u32 = 6;
 
@@ -121,29 +85,6 @@ fn backoff(attempt: u32) -> std::time::Duration {
     let base = 100u64 << attempt.min(6);
     let jitter = rand::thread_rng().gen_range(base / 2..=base + base / 2);
     std::time::Duration::from_millis(jitter)
-}
-
-/// Merge-source rows for one gold table.
-#[derive(Clone)]
-pub struct GoldRows {
-    pub(crate) table: String,
-    /// Application id of the table's commits (txn version = job batch).
-    pub(crate) app: String,
-    /// Key columns and whether each is nullable.
-    pub(crate) keys: Vec<(String, bool)>,
-    /// The gold table's schema (the rows add `_op`).
-    pub(crate) schema: SchemaRef,
-    pub(crate) rows: Vec<RecordBatch>,
-    /// Partition columns of the gold table a new table gets (a date and its hour, or an
-    /// integer bucket); a table created by an earlier release may have fewer.
-    pub(crate) partitions: Vec<&'static str>,
-    /// Per partition column, values the MERGE must read besides those the rows go to
-    /// (where rows that moved or are deleted may sit now); may be shorter than
-    /// `partitions`.
-    pub(crate) extra_partitions: Vec<Vec<ScalarValue>>,
-    /// Every row is an upsert of a key the table does not hold (the operator read the
-    /// existing rows): append instead of MERGE, which reads no target file.
-    pub(crate) append_only: bool,
 }
 
 /// The partitions a MERGE of `out` reads: per partition column, the values its rows go
@@ -168,9 +109,6 @@ pub(crate) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<
     }
     Ok(parts)
 }
-
-/// Partition columns of a windowed job's gold table: the window's date, then its hour.
-pub const GOLD_PARTITIONS: [&str; 2] = [GOLD_PARTITION, agg::WINDOW_HOUR];
 
 /// Runs jobs against one warehouse.
 pub struct JobRunner {
@@ -314,29 +252,10 @@ impl JobRunner {
         Ok(())
     }
 
-    /// A session with every source's bronze table (an empty table for a source that has
-    /// no bronze yet).
-    pub(crate) async fn sources_session(&self, spec: &JobSpec) -> Result<SessionContext> {
-        let ctx = delta::session();
-        for s in &spec.sources {
-            match self.wh.open(&names::table::bronze(s)).await? {
-                Some(t) => delta::register(&ctx, &t, &read::session_table(s)).await?,
-                None => {
-                    let schema = self.source_schema(s)?.bronze.clone();
-                    let empty = datafusion::datasource::MemTable::try_new(schema, vec![vec![]])
-                        .map_err(|e| Error::query("empty bronze table", e))?;
-                    ctx.register_table(read::session_table(s), Arc::new(empty))
-                        .map_err(|e| Error::query("empty bronze table", e))?;
-                }
-            }
-        }
-        Ok(ctx)
-    }
-
-    pub(crate) fn source_schema(&self, source: &str) -> Result<&Arc<SourceSchema>> {
-        self.schemas
-            .get(source)
-            .ok_or_else(|| Error::NoSchema(source.to_string()))
+    /// What its operators compute with: the warehouse as their read port, the source
+    /// schemas, its clock.
+    pub(crate) fn context(&self) -> Context<'_> {
+        Context::new(&self.wh, &self.schemas, &self.clock)
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
@@ -426,7 +345,10 @@ impl JobRunner {
                 gold: Vec::new(),
             },
             _ => {
-                let mut c = spec.operator().process(self, spec, plan, before).await?;
+                let mut c = spec
+                    .operator
+                    .process(&self.context(), spec, plan, before)
+                    .await?;
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
             }
@@ -465,6 +387,7 @@ impl JobRunner {
             rows_written: written,
             status: "ok".into(),
             message: None,
+            metrics: computed.result.metrics.clone(),
         };
         runlog::log_job(&self.wh, &entry).await?;
         fault::point("job_after_runlog");
@@ -474,7 +397,7 @@ impl JobRunner {
             compute_ms,
             total_ms = t0.elapsed().as_millis() as u64,
             applied = entry.counts.applied,
-            windows = entry.counts.windows_recomputed,
+            metrics = ?entry.metrics,
             "job batch done"
         );
         Ok((entry, computed.result.state))
@@ -614,101 +537,4 @@ impl JobRunner {
         out.extra_partitions = extra;
         Ok((table, out))
     }
-
-    /// A gold output to the job's own table (`[sink] table`, keys `merge_keys`).
-    pub(crate) fn gold_output(
-        &self,
-        spec: &JobSpec,
-        schema: SchemaRef,
-        rows: Vec<RecordBatch>,
-        partitions: &[&'static str],
-        extra_partitions: Vec<Vec<ScalarValue>>,
-    ) -> GoldRows {
-        let keys = spec
-            .merge_keys
-            .iter()
-            .map(|k| {
-                // `=` for keys that cannot be null: MERGE then joins on every key; with
-                // `IS NOT DISTINCT FROM` DataFusion hashes only the non-null-safe ones and
-                // compares the rest pairwise (seconds per batch for a sliding window).
-                let nullable = self
-                    .source_schema(&spec.sources[0])
-                    .is_ok_and(|s| s.may_be_null(k));
-                (k.clone(), nullable)
-            })
-            .collect();
-        GoldRows {
-            table: spec.table.clone(),
-            app: names::app::job(&spec.name),
-            keys,
-            schema,
-            rows,
-            partitions: partitions.to_vec(),
-            extra_partitions,
-            append_only: false,
-        }
-    }
-}
-
-/// One source's new rows in a job batch.
-pub struct NewRows {
-    /// Every new row, with the columns asked for.
-    pub(crate) new: RecordBatch,
-    /// The rows applied to the job (not too late).
-    pub(crate) applied: RecordBatch,
-    /// The too-late rows with every bronze column (for the late ledger).
-    pub(crate) too_late: RecordBatch,
-}
-
-/// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
-/// split them against `cutoff` (W at batch start − lookback), read the too-late ones
-/// whole, and record the batch in `state`: watermark observed (not advanced), position
-/// moved, cut-off kept while later reads can reach `reach` below it. A source with no
-/// new ingestion batch, or no bronze table (`ctx` None), has no rows.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn take_new_rows(
-    ctx: Option<&SessionContext>,
-    table: &str,
-    source: &str,
-    input: &Input,
-    target: &SchemaRef,
-    bronze: &SchemaRef,
-    cutoff: Option<Micros>,
-    reach: Micros,
-    state: &mut JobState,
-) -> Result<NewRows> {
-    let empty = || NewRows {
-        new: RecordBatch::new_empty(target.clone()),
-        applied: RecordBatch::new_empty(target.clone()),
-        too_late: RecordBatch::new_empty(bronze.clone()),
-    };
-    if input.upto_batch <= input.after_batch {
-        return Ok(empty());
-    }
-    let rows = match ctx {
-        None => empty(),
-        Some(ctx) => {
-            let between = read::batches_between(input.after_batch, input.upto_batch);
-            let new = read::read(ctx, table, between.clone(), target).await?;
-            let (applied, too_late) = agg::split_late(&new, cutoff)?;
-            let too_late = match cutoff {
-                Some(c) if too_late.num_rows() > 0 => {
-                    let filter = between.and(col("event_ts").lt(read::ts_lit(c)));
-                    read::read(ctx, table, filter, bronze).await?
-                }
-                _ => RecordBatch::new_empty(bronze.clone()),
-            };
-            NewRows {
-                new,
-                applied,
-                too_late,
-            }
-        }
-    };
-    agg::observe(&mut state.watermark, source, &rows.new)?;
-    state.positions.insert(source.to_string(), input.upto_batch);
-    if let Some(c) = cutoff {
-        state.push_cutoff(source, input, c, c - reach);
-    }
-    Ok(rows)
 }

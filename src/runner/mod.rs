@@ -12,7 +12,6 @@ pub mod backfill;
 pub mod batch;
 pub mod checkpoint;
 pub mod ingest;
-pub mod read;
 pub mod schedule;
 pub mod stream;
 

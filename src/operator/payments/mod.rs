@@ -22,16 +22,15 @@ use datafusion::prelude::{col, lit, SessionContext};
 
 use crate::error::{Error, Result};
 use crate::job::aggregate::{self as agg, DAY};
-use crate::job::plan::{JobCounts, JobPlan, JobState};
-use crate::job::spec::{check_columns, Fields, JobKind};
+use crate::job::plan::{JobPlan, JobState};
+use crate::job::spec::{check_columns, Fields};
 use crate::job::spec::{JobSpec, PaymentMode, PaymentParams};
+use crate::operator::metrics::{InputCounts, Metrics};
 use crate::operator::payments::matching::{self as pay, Stamp, Touches};
-use crate::operator::Operator;
-use crate::runner::backfill::{consumed_in, DayInput, Restated};
-use crate::runner::batch::{take_new_rows, Computed, JobRunner};
-use crate::runner::read;
+use crate::operator::read::{self, consumed_in, take_new_rows};
+use crate::operator::{Computed, Context, DayInput, Operator, Restated};
 use crate::schema::SourceSchema;
-use crate::sink::{delta, late};
+use crate::sink::late;
 use crate::time::{date, micros, Micros};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,37 +42,33 @@ fn columns(names: &[&str]) -> Vec<String> {
 /// Order/payment matching: `payments_fast` (first capture within `fast_within`) or
 /// `payment_reconciliation` (lines against captures and refunds within the business
 /// window), per `order_id`, re-evaluated when a late line or payment touches an order.
-pub struct Payments<'a> {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Payments {
     pub mode: PaymentMode,
-    pub params: &'a PaymentParams,
+    pub params: PaymentParams,
 }
 
-#[async_trait::async_trait]
-impl Operator for Payments<'_> {
-    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
-        crate::operator::natural_keys(given, &[pay::ORDER_ID], "the payments operators' key")
-    }
+/// What one batch of a payments job did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PaymentMetrics {
+    pub input: InputCounts,
+    /// Orders re-evaluated: touched by a new line or payment, or (reconciliation) whose
+    /// deadline the watermark crossed.
+    pub orders_touched: i64,
+    /// Order rows upserted.
+    pub upserts: i64,
+    /// Order rows deleted (an orphan payment's row once its order arrived).
+    pub tombstones: i64,
+    /// Changes to rows that were already final.
+    pub corrections: i64,
+}
 
-    async fn process(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        before: JobState,
-    ) -> Result<Computed> {
-        rt.compute_payments(spec, self.mode, self.params, plan, before)
-            .await
+impl Metrics for PaymentMetrics {
+    fn input(&self) -> InputCounts {
+        self.input
     }
-
-    async fn restate(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        rt.restate_payments(spec, self.mode, self.params, day, input)
-            .await
+    fn outputs(&self) -> (i64, i64, i64) {
+        (self.upserts, self.tombstones, self.corrections)
     }
 }
 
@@ -90,14 +85,31 @@ const PAYMENT_COLUMNS: [(&str, crate::schema::FieldType); 4] = [
     ("status", crate::schema::FieldType::String),
 ];
 
-/// A payments operator: two sources (order lines, then payments) with the columns it
-/// reads, and its `[params]`.
-pub(crate) fn parse(
+/// `payments_fast`'s parser: two sources (order lines, then payments) with the columns
+/// it reads, and its `[params]`.
+pub(crate) fn parse_fast(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<Arc<dyn Operator>> {
+    parse(top, PaymentMode::Fast, sources, schemas)
+}
+
+/// `payment_reconciliation`'s parser (see [`parse`]).
+pub(crate) fn parse_reconciliation(
+    top: &Fields<'_>,
+    sources: &[String],
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+) -> Result<Arc<dyn Operator>> {
+    parse(top, PaymentMode::Reconcile, sources, schemas)
+}
+
+fn parse(
     top: &Fields<'_>,
     mode: PaymentMode,
     sources: &[String],
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
+) -> Result<Arc<dyn Operator>> {
     if sources.len() != 2 {
         return Err(top.err(
             "sources",
@@ -127,25 +139,34 @@ pub(crate) fn parse(
             return Err(p.err("horizon", "a duration at least as long as business_window"));
         }
     }
-    Ok(JobKind::Payments { mode, params })
+    Ok(Arc::new(Payments { mode, params }))
 }
 
-impl JobRunner {
-    pub(super) async fn compute_payments(
+#[async_trait::async_trait]
+impl Operator for Payments {
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        crate::operator::natural_keys(given, &[pay::ORDER_ID], "the payments operators' key")
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    async fn process(
         &self,
+        cx: &Context<'_>,
         spec: &JobSpec,
-        mode: PaymentMode,
-        params: &PaymentParams,
         plan: &JobPlan,
-        mut state: JobState,
+        before: JobState,
     ) -> Result<Computed> {
-        let ctx = self.sources_session(spec).await?;
+        let (mode, params, mut state) = (self.mode, &self.params, before);
+        let ctx = cx.sources_session(spec).await?;
         let lookback = micros(spec.time.lookback);
         let window = micros(params.business_window);
         let horizon = micros(params.horizon);
         let w_before = state.watermark.current;
         let cutoff = w_before.map(|w| w - lookback);
-        let now = self.now_us();
+        let now = cx.now_us();
         let touch_cols = columns(&["order_id", "event_ts", "_source_partition", "_landed_at"]);
 
         // 1. New rows per source: too-late ones aside, applied ones touch their orders.
@@ -153,7 +174,7 @@ impl JobRunner {
         let mut late_parts: Vec<(&str, RecordBatch)> = Vec::new();
         let (mut rows_in, mut applied_n, mut late_n) = (0i64, 0i64, 0i64);
         for s in &spec.sources {
-            let bronze = self.source_schema(s)?.bronze.clone();
+            let bronze = cx.source_schema(s)?.bronze.clone();
             let target = agg::project(&bronze, &touch_cols)?;
             // Reads reach back at most business window + horizon before a cut-off.
             let rows = take_new_rows(
@@ -183,7 +204,7 @@ impl JobRunner {
         if mode == PaymentMode::Reconcile {
             if let Some(range) = pay::deadline_range(w_before, w_after, window) {
                 for s in &spec.sources {
-                    let bronze = &self.source_schema(s)?.bronze;
+                    let bronze = &cx.source_schema(s)?.bronze;
                     let target = agg::project(bronze, &columns(&["order_id", "event_ts"]))?;
                     let applied = read::Applied {
                         upto: upto(&state, s),
@@ -205,9 +226,8 @@ impl JobRunner {
         let re_evaluated = touches.len();
 
         // 4. The touched orders' lines and payments within the horizon, joined.
-        let (facts, days, hours) = self
-            .order_facts(&ctx, spec, params, &state, &touches, horizon)
-            .await?;
+        let (facts, days, hours) =
+            order_facts(cx, &ctx, spec, params, &state, &touches, horizon).await?;
         let stamp = Stamp {
             w_before,
             w_after,
@@ -216,7 +236,7 @@ impl JobRunner {
         };
         let (out, schema) = match mode {
             PaymentMode::Fast => {
-                let existing = self.existing_keys(spec, &touches, &days, &hours).await?;
+                let existing = existing_keys(cx, spec, &touches, &days, &hours).await?;
                 (
                     pay::fast_rows(&facts, params, stamp, &existing)?,
                     pay::fast_schema(),
@@ -227,20 +247,13 @@ impl JobRunner {
                 pay::reconciliation_schema(),
             ),
         };
-        tracing::info!(
-            job = %spec.name,
-            touched = re_evaluated,
-            upserts = out.upserts,
-            tombstones = out.tombstones,
-            "orders re-evaluated"
-        );
 
         let late = match (cutoff, w_before) {
             (Some(c), Some(w)) if !late_parts.is_empty() => {
                 let bronzes = spec
                     .sources
                     .iter()
-                    .map(|s| self.source_schema(s).map(|x| x.bronze.clone()))
+                    .map(|s| cx.source_schema(s).map(|x| x.bronze.clone()))
                     .collect::<Result<Vec<SchemaRef>>>()?;
                 let refs: Vec<&arrow::datatypes::Schema> =
                     bronzes.iter().map(|b| b.as_ref()).collect();
@@ -255,22 +268,25 @@ impl JobRunner {
             }
             _ => None,
         };
-        let counts = JobCounts {
-            rows_in,
-            applied: applied_n,
-            too_late: late_n,
-            windows_recomputed: out.upserts as i64,
-            deleted: out.tombstones as i64,
+        let metrics = PaymentMetrics {
+            input: InputCounts {
+                rows_in,
+                applied: applied_n,
+                too_late: late_n,
+                watermark_before: w_before,
+                watermark_after: w_after,
+            },
+            orders_touched: re_evaluated as i64,
+            upserts: out.upserts as i64,
+            tombstones: out.tombstones as i64,
             corrections: out.corrections as i64,
-            watermark_before: w_before,
-            watermark_after: w_after,
         };
-        Ok(Computed::new(
+        Computed::new(
             plan,
             state,
-            counts,
+            &metrics,
             late,
-            vec![self.gold_output(
+            vec![cx.gold_output(
                 spec,
                 schema,
                 vec![out.rows],
@@ -285,103 +301,190 @@ impl JobRunner {
                         .collect(),
                 ],
             )],
-        ))
-    }
-
-    /// The touched order_ids that have a gold row in the partitions of `days` and
-    /// `hours` — those the batch's MERGE names (a gold table without the hour column:
-    /// every hour of those days).
-    async fn existing_keys(
-        &self,
-        spec: &JobSpec,
-        touches: &Touches,
-        days: &[i32],
-        hours: &[i32],
-    ) -> Result<HashSet<String>> {
-        let Some(gold) = self.wh.open(&spec.table).await? else {
-            return Ok(HashSet::new());
-        };
-        if touches.is_empty() || days.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let ctx = delta::session_with(&gold, "gold").await?;
-        let target = Arc::new(Schema::new(vec![Field::new(
-            pay::ORDER_ID,
-            DataType::Utf8,
-            false,
-        )]));
-        let mut partitions = read::dates_in(pay::ORDER_DATE, days);
-        if delta::table_columns(&gold)?.contains(pay::ORDER_HOUR) {
-            let hours = hours.iter().map(|h| lit(ScalarValue::Int32(Some(*h))));
-            partitions = partitions.and(col(pay::ORDER_HOUR).in_list(hours.collect(), false));
-        }
-        let found = read::read_keys(
-            &ctx,
-            "gold",
-            partitions,
-            pay::ORDER_ID,
-            &touches.keys_batch()?,
-            &target,
         )
-        .await?;
-        let ids = found.column(0).as_string::<i32>();
-        Ok(ids.iter().flatten().map(str::to_string).collect())
     }
 
-    /// Facts of the touched orders (see [`pay::facts`]) and the event days and hours of
-    /// the rows they were computed from.
-    async fn order_facts(
+    /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
+    /// their first payment): every order_id with a line or payment that day, evaluated
+    /// from all its consumed lines and payments within `horizon` of the day.
+    async fn restate(
         &self,
-        ctx: &SessionContext,
+        cx: &Context<'_>,
         spec: &JobSpec,
-        params: &PaymentParams,
-        state: &JobState,
-        touches: &Touches,
-        horizon: i64,
-    ) -> Result<(RecordBatch, Vec<i32>, Vec<i32>)> {
-        let (orders, payments) = (&spec.sources[0], &spec.sources[1]);
-        // Ranges and keys are the same for both sources.
-        let ranges = touches.ranges(horizon);
+        day: i32,
+        input: &DayInput,
+    ) -> Result<Restated> {
+        let (mode, params) = (self.mode, &self.params);
+        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
+        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
+        let horizon = micros(params.horizon);
+        let mut touches = Touches::default();
+        let touch_cols: Vec<String> = vec![pay::ORDER_ID.into(), "event_ts".into()];
+        for s in &spec.sources {
+            let target = agg::project(&cx.source_schema(s)?.bronze, &touch_cols)?;
+            let rows = read::read(
+                ctx,
+                &read::session_table(s),
+                consumed_in((lo, hi), input.position(s)),
+                &target,
+            )
+            .await?;
+            touches.add(&rows)?;
+        }
         let keys = touches.keys_batch()?;
-        let read_side = |source: &str, cols: &[&str]| {
-            let source = source.to_string();
-            let cols = columns(cols);
-            let (ranges, keys) = (&ranges, &keys);
+        let read_side = |source: String, cols: &'static [&'static str]| {
+            let keys = &keys;
             async move {
-                let bronze = self.source_schema(&source)?.bronze.clone();
-                let target = agg::project(&bronze, &cols)?;
-                if touches.is_empty() {
+                let cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+                let target = agg::project(&cx.source_schema(&source)?.bronze, &cols)?;
+                if keys.num_rows() == 0 {
                     return Ok::<_, Error>(RecordBatch::new_empty(target));
                 }
-                let applied = read::Applied {
-                    upto: upto(state, &source),
-                    cutoffs: cutoffs(state, &source),
-                };
-                let keys = Some(("order_id", keys));
-                read::read_applied(
-                    Some(ctx),
-                    &read::session_table(&source),
-                    ranges,
-                    applied,
-                    keys,
-                    &target,
-                )
-                .await
+                let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
+                let table = read::session_table(&source);
+                read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
             }
         };
-        let o = read_side(orders, &pay::ORDER_INPUT).await?;
-        let p = read_side(payments, &pay::PAYMENT_INPUT).await?;
-        let mut days = pay::event_days(&o)?;
-        days.extend(pay::event_days(&p)?);
-        days.sort_unstable();
-        days.dedup();
-        let mut hours = pay::event_hours(&o)?;
-        hours.extend(pay::event_hours(&p)?);
-        hours.sort_unstable();
-        hours.dedup();
+        let o = read_side(spec.sources[0].clone(), &pay::ORDER_INPUT).await?;
+        let p = read_side(spec.sources[1].clone(), &pay::PAYMENT_INPUT).await?;
         let facts = pay::facts(o, p, params.business_window).await?;
-        Ok((facts, days, hours))
+        let stamp = pay::Stamp {
+            w_before: None,
+            w_after: input.watermark,
+            batch_id: input.as_of_batch,
+            now_us: cx.now_us(),
+        };
+        let (out, gold_schema) = match mode {
+            PaymentMode::Fast => (
+                pay::fast_rows(&facts, params, stamp, &std::collections::HashSet::new())?,
+                pay::fast_schema(),
+            ),
+            PaymentMode::Reconcile => (
+                pay::reconciliation_rows(&facts, params, stamp)?,
+                pay::reconciliation_schema(),
+            ),
+        };
+        // Only rows anchored on this day; the others belong to their own day.
+        let dates = out
+            .rows
+            .column_by_name(pay::ORDER_DATE)
+            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
+            .ok_or_else(|| crate::columns::ColumnError::Missing(pay::ORDER_DATE.into()))?;
+        let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
+        let rows = filter_record_batch(&out.rows, &keep)?;
+        let with_too_late = match late_ctx {
+            Some(lctx) => too_late_orders(lctx, &rows, (lo - horizon, hi + horizon), day).await?,
+            None => Vec::new(),
+        };
+        Ok(Restated {
+            rows,
+            gold_schema,
+            ident: vec![pay::ORDER_ID.to_string()],
+            partition: pay::ORDER_DATE,
+            partitions: &[pay::ORDER_DATE, pay::ORDER_HOUR],
+            with_too_late,
+        })
     }
+}
+
+/// The touched order_ids that have a gold row in the partitions of `days` and
+/// `hours` — those the batch's MERGE names (a gold table without the hour column:
+/// every hour of those days).
+async fn existing_keys(
+    cx: &Context<'_>,
+    spec: &JobSpec,
+    touches: &Touches,
+    days: &[i32],
+    hours: &[i32],
+) -> Result<HashSet<String>> {
+    if touches.is_empty() || days.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let Some(ctx) = cx.open(&spec.table, "gold").await? else {
+        return Ok(HashSet::new());
+    };
+    let target = Arc::new(Schema::new(vec![Field::new(
+        pay::ORDER_ID,
+        DataType::Utf8,
+        false,
+    )]));
+    let mut partitions = read::dates_in(pay::ORDER_DATE, days);
+    let has_hour = ctx
+        .table("gold")
+        .await
+        .map_err(|e| Error::query("gold columns", e))?
+        .schema()
+        .has_column_with_unqualified_name(pay::ORDER_HOUR);
+    if has_hour {
+        let hours = hours.iter().map(|h| lit(ScalarValue::Int32(Some(*h))));
+        partitions = partitions.and(col(pay::ORDER_HOUR).in_list(hours.collect(), false));
+    }
+    let found = read::read_keys(
+        &ctx,
+        "gold",
+        partitions,
+        pay::ORDER_ID,
+        &touches.keys_batch()?,
+        &target,
+    )
+    .await?;
+    let ids = found.column(0).as_string::<i32>();
+    Ok(ids.iter().flatten().map(str::to_string).collect())
+}
+
+/// Facts of the touched orders (see [`pay::facts`]) and the event days and hours of
+/// the rows they were computed from.
+async fn order_facts(
+    cx: &Context<'_>,
+    ctx: &SessionContext,
+    spec: &JobSpec,
+    params: &PaymentParams,
+    state: &JobState,
+    touches: &Touches,
+    horizon: i64,
+) -> Result<(RecordBatch, Vec<i32>, Vec<i32>)> {
+    let (orders, payments) = (&spec.sources[0], &spec.sources[1]);
+    // Ranges and keys are the same for both sources.
+    let ranges = touches.ranges(horizon);
+    let keys = touches.keys_batch()?;
+    let read_side = |source: &str, cols: &[&str]| {
+        let source = source.to_string();
+        let cols = columns(cols);
+        let (ranges, keys) = (&ranges, &keys);
+        async move {
+            let bronze = cx.source_schema(&source)?.bronze.clone();
+            let target = agg::project(&bronze, &cols)?;
+            if touches.is_empty() {
+                return Ok::<_, Error>(RecordBatch::new_empty(target));
+            }
+            let applied = read::Applied {
+                upto: upto(state, &source),
+                cutoffs: cutoffs(state, &source),
+            };
+            let keys = Some(("order_id", keys));
+            read::read_applied(
+                Some(ctx),
+                &read::session_table(&source),
+                ranges,
+                applied,
+                keys,
+                &target,
+            )
+            .await
+        }
+    };
+    let o = read_side(orders, &pay::ORDER_INPUT).await?;
+    let p = read_side(payments, &pay::PAYMENT_INPUT).await?;
+    let mut days = pay::event_days(&o)?;
+    days.extend(pay::event_days(&p)?);
+    days.sort_unstable();
+    days.dedup();
+    let mut hours = pay::event_hours(&o)?;
+    hours.extend(pay::event_hours(&p)?);
+    hours.sort_unstable();
+    hours.dedup();
+    let facts = pay::facts(o, p, params.business_window).await?;
+    Ok((facts, days, hours))
 }
 
 /// The last ingestion batch of `source` the job has consumed (including this batch).
@@ -420,88 +523,4 @@ async fn too_late_orders(
     out.sort();
     out.dedup();
     Ok(out)
-}
-
-impl JobRunner {
-    /// A payments job's rows anchored on `day` (orders by order_ts, orphan payments by
-    /// their first payment): every order_id with a line or payment that day, evaluated
-    /// from all its consumed lines and payments within `horizon` of the day.
-    pub(super) async fn restate_payments(
-        &self,
-        spec: &JobSpec,
-        mode: PaymentMode,
-        params: &PaymentParams,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
-        let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
-        let horizon = micros(params.horizon);
-        let mut touches = Touches::default();
-        let touch_cols: Vec<String> = vec![pay::ORDER_ID.into(), "event_ts".into()];
-        for s in &spec.sources {
-            let target = agg::project(&self.source_schema(s)?.bronze, &touch_cols)?;
-            let rows = read::read(
-                ctx,
-                &read::session_table(s),
-                consumed_in((lo, hi), input.position(s)),
-                &target,
-            )
-            .await?;
-            touches.add(&rows)?;
-        }
-        let keys = touches.keys_batch()?;
-        let read_side = |source: String, cols: &'static [&'static str]| {
-            let keys = &keys;
-            async move {
-                let cols: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
-                let target = agg::project(&self.source_schema(&source)?.bronze, &cols)?;
-                if keys.num_rows() == 0 {
-                    return Ok::<_, Error>(RecordBatch::new_empty(target));
-                }
-                let filter = consumed_in((lo - horizon, hi + horizon), input.position(&source));
-                let table = read::session_table(&source);
-                read::read_keys(ctx, &table, filter, pay::ORDER_ID, keys, &target).await
-            }
-        };
-        let o = read_side(spec.sources[0].clone(), &pay::ORDER_INPUT).await?;
-        let p = read_side(spec.sources[1].clone(), &pay::PAYMENT_INPUT).await?;
-        let facts = pay::facts(o, p, params.business_window).await?;
-        let stamp = pay::Stamp {
-            w_before: None,
-            w_after: input.watermark,
-            batch_id: input.as_of_batch,
-            now_us: self.now_us(),
-        };
-        let (out, gold_schema) = match mode {
-            PaymentMode::Fast => (
-                pay::fast_rows(&facts, params, stamp, &std::collections::HashSet::new())?,
-                pay::fast_schema(),
-            ),
-            PaymentMode::Reconcile => (
-                pay::reconciliation_rows(&facts, params, stamp)?,
-                pay::reconciliation_schema(),
-            ),
-        };
-        // Only rows anchored on this day; the others belong to their own day.
-        let dates = out
-            .rows
-            .column_by_name(pay::ORDER_DATE)
-            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Date32Array>())
-            .ok_or_else(|| crate::columns::ColumnError::Missing(pay::ORDER_DATE.into()))?;
-        let keep: BooleanArray = dates.iter().map(|d| Some(d == Some(day))).collect();
-        let rows = filter_record_batch(&out.rows, &keep)?;
-        let with_too_late = match late_ctx {
-            Some(lctx) => too_late_orders(lctx, &rows, (lo - horizon, hi + horizon), day).await?,
-            None => Vec::new(),
-        };
-        Ok(Restated {
-            rows,
-            gold_schema,
-            ident: vec![pay::ORDER_ID.to_string()],
-            partition: pay::ORDER_DATE,
-            partitions: &[pay::ORDER_DATE, pay::ORDER_HOUR],
-            with_too_late,
-        })
-    }
 }

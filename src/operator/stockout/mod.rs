@@ -20,17 +20,16 @@ use datafusion::prelude::{col, lit};
 
 use crate::error::Result;
 use crate::job::aggregate::{self as agg, DAY};
-use crate::job::plan::{JobCounts, JobPlan, JobState};
+use crate::job::plan::{JobPlan, JobState};
 use crate::job::spec::JobSpec;
-use crate::job::spec::{check_columns, Fields, JobKind};
+use crate::job::spec::{check_columns, Fields};
 use crate::names;
+use crate::operator::metrics::{InputCounts, Metrics};
+use crate::operator::read::{self, consumed_in, take_new_rows, NewRows};
 use crate::operator::stockout::detect::{self as so, AlertChanges, Event, SkuState, Start};
-use crate::operator::Operator;
-use crate::runner::backfill::{consumed_in, DayInput, Restated};
-use crate::runner::batch::{take_new_rows, Computed, GoldRows, JobRunner, NewRows};
-use crate::runner::read;
+use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Restated};
 use crate::schema::SourceSchema;
-use crate::sink::{delta, late};
+use crate::sink::late;
 use crate::time::micros;
 use crate::time::{iso, Micros};
 use std::sync::Arc;
@@ -49,46 +48,34 @@ fn keys_batch<'a>(skus: impl Iterator<Item = &'a String>) -> Result<RecordBatch>
 /// Stock-out detection over one inventory source: alerts per (sku, minute) in the job's
 /// table, then each sku's availability (its state) in `availability_table`; the one
 /// operator that also runs always-on.
-pub struct Stockout<'a> {
-    pub availability_table: &'a str,
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stockout {
+    pub availability_table: String,
 }
 
-#[async_trait::async_trait]
-impl Operator for Stockout<'_> {
-    fn more_outputs(&self, spec: &JobSpec) -> Vec<crate::operator::Output> {
-        vec![crate::operator::Output {
-            table: self.availability_table.to_string(),
-            app: names::app::availability(&spec.name),
-        }]
-    }
+/// What one batch of the stock-out job did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StockoutMetrics {
+    pub input: InputCounts,
+    /// Skus with new events.
+    pub skus: i64,
+    /// Of those, skus replayed from their base (a late event before their last one).
+    pub replayed: i64,
+    /// Skus whose base the lateness cut-off moved.
+    pub bases_moved: i64,
+    /// Alert rows upserted, and deleted (a late event cancelled a stock-out).
+    pub alerts_upserted: i64,
+    pub alerts_deleted: i64,
+    /// Alert changes in minutes the watermark had already closed.
+    pub corrections: i64,
+}
 
-    fn can_stream(&self) -> bool {
-        true
+impl Metrics for StockoutMetrics {
+    fn input(&self) -> InputCounts {
+        self.input
     }
-
-    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
-        crate::operator::natural_keys(given, &["sku", "minute"], "the alerts' key")
-    }
-
-    async fn process(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        plan: &JobPlan,
-        before: JobState,
-    ) -> Result<Computed> {
-        rt.compute_stockout(spec, self.availability_table, plan, before)
-            .await
-    }
-
-    async fn restate(
-        &self,
-        rt: &JobRunner,
-        spec: &JobSpec,
-        day: i32,
-        input: &DayInput,
-    ) -> Result<Restated> {
-        rt.restate_stockout(spec, day, input).await
+    fn outputs(&self) -> (i64, i64, i64) {
+        (self.alerts_upserted, self.alerts_deleted, self.corrections)
     }
 }
 
@@ -98,7 +85,7 @@ pub(crate) fn parse(
     top: &Fields<'_>,
     sources: &[String],
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-) -> Result<JobKind> {
+) -> Result<Arc<dyn Operator>> {
     use crate::schema::FieldType as T;
     if sources.len() != 1 {
         return Err(top.err("sources", "one inventory source (e.g. [\"inventory\"])"));
@@ -128,26 +115,44 @@ pub(crate) fn parse(
             availability_table = t.to_string();
         }
     }
-    Ok(JobKind::Stockout { availability_table })
+    Ok(Arc::new(Stockout { availability_table }))
 }
 
-impl JobRunner {
-    pub(super) async fn compute_stockout(
+#[async_trait::async_trait]
+impl Operator for Stockout {
+    fn more_outputs(&self, spec: &JobSpec) -> Vec<crate::operator::Output> {
+        vec![crate::operator::Output {
+            table: self.availability_table.clone(),
+            app: names::app::availability(&spec.name),
+        }]
+    }
+
+    fn can_stream(&self) -> bool {
+        true
+    }
+
+    fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
+        crate::operator::natural_keys(given, &["sku", "minute"], "the alerts' key")
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    async fn process(
         &self,
+        cx: &Context<'_>,
         spec: &JobSpec,
-        availability_table: &str,
         plan: &JobPlan,
-        mut state: JobState,
+        before: JobState,
     ) -> Result<Computed> {
+        let (availability_table, mut state) = (self.availability_table.as_str(), before);
         let source = &spec.sources[0];
-        let bronze = self.source_schema(source)?.bronze.clone();
+        let bronze = cx.source_schema(source)?.bronze.clone();
         let input = plan.input(source)?;
         let lookback = micros(spec.time.lookback);
-        let now = self.now_us();
-        let ctx = match self.wh.open(&names::table::bronze(source)).await? {
-            Some(t) => Some(delta::session_with(&t, "bronze").await?),
-            None => None,
-        };
+        let now = cx.now_us();
+        let ctx = cx.open(&names::table::bronze(source), "bronze").await?;
         let event_cols = agg::project(&bronze, &columns(&so::INPUT))?;
 
         // 1. New rows: too-late ones aside; advance the watermark.
@@ -211,9 +216,7 @@ impl JobRunner {
         };
         let skus: BTreeSet<&String> = new_events.keys().chain(passed.keys()).collect();
         let t = std::time::Instant::now();
-        let mut states = self
-            .sku_states(availability_table, skus.iter().copied())
-            .await?;
+        let mut states = sku_states(cx, availability_table, skus.iter().copied()).await?;
         let state_ms = t.elapsed().as_millis() as u64;
 
         // 3. Each touched sku continues from its state or replays from its base.
@@ -314,9 +317,8 @@ impl JobRunner {
             }
         }
         let t = std::time::Instant::now();
-        let existing = self
-            .existing_alerts(spec, &replay, &minutes_of, lo, w_after, &computed)
-            .await?;
+        let existing =
+            existing_alerts(cx, spec, &replay, &minutes_of, lo, w_after, &computed).await?;
         let alerts_ms = t.elapsed().as_millis() as u64;
         let mut changes = AlertChanges::default();
         for (sku, (span, stockouts)) in &computed {
@@ -334,25 +336,25 @@ impl JobRunner {
             .count();
         tracing::info!(
             job = %spec.name,
-            skus = new_events.len(),
-            replayed = replay.len(),
-            bases_moved = passed.len(),
-            upserts = changes.upserts.len(),
-            deletes = changes.deletes.len(),
             read_new_ms,
             state_ms,
             alerts_ms,
             "stock-outs evaluated"
         );
-        let counts = JobCounts {
-            rows_in: new.num_rows() as i64,
-            applied: applied.num_rows() as i64,
-            too_late: too_late.num_rows() as i64,
-            windows_recomputed: changes.upserts.len() as i64,
-            deleted: changes.deletes.len() as i64,
+        let metrics = StockoutMetrics {
+            input: InputCounts {
+                rows_in: new.num_rows() as i64,
+                applied: applied.num_rows() as i64,
+                too_late: too_late.num_rows() as i64,
+                watermark_before: w_before,
+                watermark_after: w_after,
+            },
+            skus: new_events.len() as i64,
+            replayed: replay.len() as i64,
+            bases_moved: passed.len() as i64,
+            alerts_upserted: changes.upserts.len() as i64,
+            alerts_deleted: changes.deletes.len() as i64,
             corrections: corrections as i64,
-            watermark_before: w_before,
-            watermark_after: w_after,
         };
         // New alerts only (the usual case): an append, not a MERGE over the day's files.
         let append_only = changes.deletes.is_empty()
@@ -363,7 +365,7 @@ impl JobRunner {
             });
         let alerts = so::alert_rows(&changes, plan.batch_id, now)?;
         let availability = so::availability_rows(&next, plan.batch_id, now)?;
-        let mut alerts_out = self.gold_output(
+        let mut alerts_out = cx.gold_output(
             spec,
             so::alerts_schema(),
             vec![alerts],
@@ -384,126 +386,16 @@ impl JobRunner {
                 append_only: false,
             },
         ];
-        Ok(Computed::new(plan, state, counts, late_rows, gold))
+        Computed::new(plan, state, &metrics, late_rows, gold)
     }
 
-    /// The state of `skus` from the availability table (absent skus have none yet).
-    async fn sku_states<'a>(
-        &self,
-        table: &str,
-        skus: impl Iterator<Item = &'a String> + Clone,
-    ) -> Result<BTreeMap<String, SkuState>> {
-        let Some(t) = self.wh.open(table).await? else {
-            return Ok(BTreeMap::new());
-        };
-        let mut buckets: Vec<i32> = skus.clone().map(|s| so::bucket_of(s)).collect();
-        if buckets.is_empty() {
-            return Ok(BTreeMap::new());
-        }
-        buckets.sort_unstable();
-        buckets.dedup();
-        let ctx = delta::session_with(&t, "state").await?;
-        let filter = col(so::BUCKET).in_list(
-            buckets
-                .iter()
-                .map(|b| datafusion::prelude::lit(ScalarValue::Int32(Some(*b))))
-                .collect(),
-            false,
-        );
-        let b = read::read_keys(
-            &ctx,
-            "state",
-            filter,
-            "sku",
-            &keys_batch(skus)?,
-            &so::availability_schema(),
-        )
-        .await?;
-        so::states_from(&b)
-    }
-
-    /// Existing alert rows: of the `replayed` skus from the date of `lo` (the cut-off:
-    /// every alert a replay can change lies at or after it) to the newest computed
-    /// stock-out; of the other skus in `minutes_of`, in those minutes only.
-    async fn existing_alerts(
-        &self,
-        spec: &JobSpec,
-        replayed: &[&String],
-        minutes_of: &BTreeMap<&String, Vec<Micros>>,
-        lo: Micros,
-        w_after: Option<Micros>,
-        computed: &BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)>,
-    ) -> Result<BTreeMap<String, Vec<so::Alert>>> {
-        if replayed.is_empty() && minutes_of.is_empty() {
-            return Ok(BTreeMap::new());
-        }
-        let Some(t) = self.wh.open(&spec.table).await? else {
-            return Ok(BTreeMap::new());
-        };
-        let ctx = delta::session_with(&t, "alerts").await?;
-        let mut out: BTreeMap<String, Vec<so::Alert>> = BTreeMap::new();
-        let mut take = |b: RecordBatch| -> Result<()> {
-            for (sku, rows) in so::alerts_from(&b)? {
-                let v = out.entry(sku).or_default();
-                for r in rows {
-                    if !v.contains(&r) {
-                        v.push(r);
-                    }
-                }
-            }
-            Ok(())
-        };
-        if !replayed.is_empty() {
-            let hi = computed
-                .values()
-                .filter_map(|(_, s)| s.last().map(|s| s.ts))
-                .chain(w_after)
-                .max()
-                .unwrap_or(lo)
-                .max(lo)
-                + 1;
-            let lo_minute = lo.div_euclid(MINUTE) * MINUTE;
-            let mut filter = col("minute").gt_eq(read::ts_lit(lo_minute));
-            if hi - lo_minute < 1100 * agg::DAY {
-                filter =
-                    read::dates_in(so::ALERT_DATE, &agg::dates_of(&[(lo_minute, hi)])).and(filter);
-            }
-            let keys = keys_batch(replayed.iter().copied())?;
-            take(
-                read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?,
-            )?;
-        }
-        if !minutes_of.is_empty() {
-            let mut minutes: Vec<Micros> = minutes_of.values().flatten().copied().collect();
-            minutes.sort_unstable();
-            minutes.dedup();
-            let days: Vec<i32> = {
-                let mut d: Vec<i32> = minutes
-                    .iter()
-                    .map(|m| m.div_euclid(agg::DAY) as i32)
-                    .collect();
-                d.dedup();
-                d
-            };
-            let filter = read::dates_in(so::ALERT_DATE, &days).and(
-                col("minute").in_list(minutes.iter().map(|m| read::ts_lit(*m)).collect(), false),
-            );
-            let keys = keys_batch(minutes_of.keys().copied())?;
-            take(
-                read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?,
-            )?;
-        }
-        Ok(out)
-    }
-}
-
-impl JobRunner {
     /// The stock-out alerts of minutes on `day`: every sku with an event that day,
     /// replayed from its last `count` before the day (or its first event) through the
     /// day. `detected_at` of an alert that exists is kept. `sku_availability` (the live
     /// job's state) is not restated.
-    pub(super) async fn restate_stockout(
+    async fn restate(
         &self,
+        cx: &Context<'_>,
         spec: &JobSpec,
         day: i32,
         input: &DayInput,
@@ -511,8 +403,8 @@ impl JobRunner {
         let (ctx, late_ctx) = (&input.ctx, input.late.as_ref());
         let (lo, hi) = (day as Micros * DAY, (day as Micros + 1) * DAY);
         let source = &spec.sources[0];
-        let bronze = self.source_schema(source)?.bronze.clone();
-        let table = crate::runner::read::session_table(source);
+        let bronze = cx.source_schema(source)?.bronze.clone();
+        let table = read::session_table(source);
         let pos = input.position(source);
         let sku_ts = agg::project(&bronze, &["sku".to_string(), "event_ts".to_string()])?;
         let touched = read::read(ctx, &table, consumed_in((lo, hi), pos), &sku_ts).await?;
@@ -563,9 +455,8 @@ impl JobRunner {
             read::read_keys(ctx, &table, filter, "sku", &keys, &target).await?
         };
         // Existing alerts of the day keep their detected_at.
-        let existing = match self.wh.open(&spec.table).await? {
-            Some(t) => {
-                let gctx = delta::session_with(&t, "alerts").await?;
+        let existing = match cx.open(&spec.table, "alerts").await? {
+            Some(gctx) => {
                 let b = read::read(
                     &gctx,
                     "alerts",
@@ -577,7 +468,7 @@ impl JobRunner {
             }
             None => BTreeMap::new(),
         };
-        let now = self.now_us();
+        let now = cx.now_us();
         let mut changes = so::AlertChanges::default();
         for (sku, evs) in so::events_by_sku(&events)? {
             let begin = start.get(&sku).copied().unwrap_or(Micros::MIN);
@@ -651,4 +542,105 @@ impl JobRunner {
             with_too_late,
         })
     }
+}
+
+/// The state of `skus` from the availability table (absent skus have none yet).
+async fn sku_states<'a>(
+    cx: &Context<'_>,
+    table: &str,
+    skus: impl Iterator<Item = &'a String> + Clone,
+) -> Result<BTreeMap<String, SkuState>> {
+    let mut buckets: Vec<i32> = skus.clone().map(|s| so::bucket_of(s)).collect();
+    if buckets.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    buckets.sort_unstable();
+    buckets.dedup();
+    let Some(ctx) = cx.open(table, "state").await? else {
+        return Ok(BTreeMap::new());
+    };
+    let filter = col(so::BUCKET).in_list(
+        buckets
+            .iter()
+            .map(|b| datafusion::prelude::lit(ScalarValue::Int32(Some(*b))))
+            .collect(),
+        false,
+    );
+    let b = read::read_keys(
+        &ctx,
+        "state",
+        filter,
+        "sku",
+        &keys_batch(skus)?,
+        &so::availability_schema(),
+    )
+    .await?;
+    so::states_from(&b)
+}
+
+/// Existing alert rows: of the `replayed` skus from the date of `lo` (the cut-off:
+/// every alert a replay can change lies at or after it) to the newest computed
+/// stock-out; of the other skus in `minutes_of`, in those minutes only.
+async fn existing_alerts(
+    cx: &Context<'_>,
+    spec: &JobSpec,
+    replayed: &[&String],
+    minutes_of: &BTreeMap<&String, Vec<Micros>>,
+    lo: Micros,
+    w_after: Option<Micros>,
+    computed: &BTreeMap<&String, (Option<Micros>, Vec<so::Stockout>)>,
+) -> Result<BTreeMap<String, Vec<so::Alert>>> {
+    if replayed.is_empty() && minutes_of.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let Some(ctx) = cx.open(&spec.table, "alerts").await? else {
+        return Ok(BTreeMap::new());
+    };
+    let mut out: BTreeMap<String, Vec<so::Alert>> = BTreeMap::new();
+    let mut take = |b: RecordBatch| -> Result<()> {
+        for (sku, rows) in so::alerts_from(&b)? {
+            let v = out.entry(sku).or_default();
+            for r in rows {
+                if !v.contains(&r) {
+                    v.push(r);
+                }
+            }
+        }
+        Ok(())
+    };
+    if !replayed.is_empty() {
+        let hi = computed
+            .values()
+            .filter_map(|(_, s)| s.last().map(|s| s.ts))
+            .chain(w_after)
+            .max()
+            .unwrap_or(lo)
+            .max(lo)
+            + 1;
+        let lo_minute = lo.div_euclid(MINUTE) * MINUTE;
+        let mut filter = col("minute").gt_eq(read::ts_lit(lo_minute));
+        if hi - lo_minute < 1100 * agg::DAY {
+            filter = read::dates_in(so::ALERT_DATE, &agg::dates_of(&[(lo_minute, hi)])).and(filter);
+        }
+        let keys = keys_batch(replayed.iter().copied())?;
+        take(read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?)?;
+    }
+    if !minutes_of.is_empty() {
+        let mut minutes: Vec<Micros> = minutes_of.values().flatten().copied().collect();
+        minutes.sort_unstable();
+        minutes.dedup();
+        let days: Vec<i32> = {
+            let mut d: Vec<i32> = minutes
+                .iter()
+                .map(|m| m.div_euclid(agg::DAY) as i32)
+                .collect();
+            d.dedup();
+            d
+        };
+        let filter = read::dates_in(so::ALERT_DATE, &days)
+            .and(col("minute").in_list(minutes.iter().map(|m| read::ts_lit(*m)).collect(), false));
+        let keys = keys_batch(minutes_of.keys().copied())?;
+        take(read::read_keys(&ctx, "alerts", filter, "sku", &keys, &so::alerts_schema()).await?)?;
+    }
+    Ok(out)
 }

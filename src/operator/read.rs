@@ -1,6 +1,7 @@
-//! Reading bronze (and gold) rows for jobs with DataFusion over the Delta table provider:
-//! filters name the event-date partitions and event-time ranges, so reads prune to the
-//! files that can hold matching rows.
+//! How operators read rows: DataFusion plans over the tables a [`super::port::ReadPort`]
+//! registered (Delta tables in the warehouse, or in-memory ones in tests). Filters name
+//! the event-date partitions and event-time ranges, so reads prune to the files that can
+//! hold matching rows; keyed reads are semi joins whose keys reach the scan as a list.
 
 use std::sync::Arc;
 
@@ -12,7 +13,8 @@ use datafusion::common::ScalarValue;
 use datafusion::prelude::{col, lit, DataFrame, Expr, SessionContext};
 
 use crate::error::{Error, Result};
-use crate::job::plan::Cutoff;
+use crate::job::aggregate as agg;
+use crate::job::plan::{Cutoff, Input, JobState};
 use crate::schema::EVENT_DATE;
 use crate::time::Micros;
 
@@ -105,7 +107,7 @@ impl Applied<'_> {
 pub use crate::schema::BATCH_ID;
 
 /// Ranges wider than this are read without an event-date list (about 3 years).
-const MAX_LISTED_SPAN: Micros = 1100 * crate::job::aggregate::DAY;
+const MAX_LISTED_SPAN: Micros = 1100 * agg::DAY;
 
 /// The filter of every ranged bronze read of a job batch: `[lo, hi)` event-time ranges,
 /// restricted to their event dates, of ingestion batches up to `upto`.
@@ -117,7 +119,7 @@ pub fn in_ranges_upto(ranges: &[(Micros, Micros)], upto: i64) -> Expr {
     if hi.saturating_sub(lo) > MAX_LISTED_SPAN {
         return in_time;
     }
-    dates_in(EVENT_DATE, &crate::job::aggregate::dates_of(ranges)).and(in_time)
+    dates_in(EVENT_DATE, &agg::dates_of(ranges)).and(in_time)
 }
 
 /// The rows of table `name` in `ctx` (None: no table yet, no rows) that the job applied
@@ -239,6 +241,80 @@ async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<
         .map(|b| conform(b, target))
         .collect::<Result<Vec<_>>>()?;
     Ok(concat_batches(target, &conformed)?)
+}
+
+/// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
+/// event times `[from, to)`, restricted to their event dates.
+pub(crate) fn consumed_in(
+    (from, to): (Micros, Micros),
+    position: i64,
+) -> datafusion::prelude::Expr {
+    dates_in(crate::schema::EVENT_DATE, &agg::dates_of(&[(from, to)]))
+        .and(in_ranges("event_ts", &[(from, to)]))
+        .and(col("_batch_id").lt_eq(lit(position)))
+}
+
+/// One source's new rows in a job batch.
+pub struct NewRows {
+    /// Every new row, with the columns asked for.
+    pub(crate) new: RecordBatch,
+    /// The rows applied to the job (not too late).
+    pub(crate) applied: RecordBatch,
+    /// The too-late rows with every bronze column (for the late ledger).
+    pub(crate) too_late: RecordBatch,
+}
+
+/// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
+/// split them against `cutoff` (W at batch start − lookback), read the too-late ones
+/// whole, and record the batch in `state`: watermark observed (not advanced), position
+/// moved, cut-off kept while later reads can reach `reach` below it. A source with no
+/// new ingestion batch, or no bronze table (`ctx` None), has no rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn take_new_rows(
+    ctx: Option<&SessionContext>,
+    table: &str,
+    source: &str,
+    input: &Input,
+    target: &SchemaRef,
+    bronze: &SchemaRef,
+    cutoff: Option<Micros>,
+    reach: Micros,
+    state: &mut JobState,
+) -> Result<NewRows> {
+    let empty = || NewRows {
+        new: RecordBatch::new_empty(target.clone()),
+        applied: RecordBatch::new_empty(target.clone()),
+        too_late: RecordBatch::new_empty(bronze.clone()),
+    };
+    if input.upto_batch <= input.after_batch {
+        return Ok(empty());
+    }
+    let rows = match ctx {
+        None => empty(),
+        Some(ctx) => {
+            let between = batches_between(input.after_batch, input.upto_batch);
+            let new = read(ctx, table, between.clone(), target).await?;
+            let (applied, too_late) = agg::split_late(&new, cutoff)?;
+            let too_late = match cutoff {
+                Some(c) if too_late.num_rows() > 0 => {
+                    let filter = between.and(col("event_ts").lt(ts_lit(c)));
+                    read(ctx, table, filter, bronze).await?
+                }
+                _ => RecordBatch::new_empty(bronze.clone()),
+            };
+            NewRows {
+                new,
+                applied,
+                too_late,
+            }
+        }
+    };
+    agg::observe(&mut state.watermark, source, &rows.new)?;
+    state.positions.insert(source.to_string(), input.upto_batch);
+    if let Some(c) = cutoff {
+        state.push_cutoff(source, input, c, c - reach);
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]
