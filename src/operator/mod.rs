@@ -28,6 +28,9 @@ pub mod read;
 pub mod stockout;
 pub mod windowed;
 
+#[cfg(test)]
+pub(crate) mod testing;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

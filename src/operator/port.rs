@@ -9,16 +9,19 @@
 //! batches in memory, for operator tests with no storage at all. A distributed engine
 //! plugs in here too: a port whose sessions execute remotely.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use arrow::array::{BooleanArray, RecordBatch};
+use arrow::compute::{concat_batches, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 
+use super::GoldRows;
 use crate::error::{Error, Result};
+use crate::job::aggregate::{merge_schema, OP};
 use crate::sink::delta::{self, Warehouse};
 
 /// Where an operator's reads go.
@@ -85,6 +88,47 @@ impl MemoryPort {
                 .1
                 .extend(batches);
         }
+    }
+
+    /// Apply a batch's gold rows to their table as its MERGE does: every existing row
+    /// whose `out.keys` match a row of `out` goes, and the rows with `_op = 'upsert'`
+    /// come in (without `_op`); the table is created with `out.schema` if absent.
+    pub fn merge(&self, out: &GoldRows) -> Result<()> {
+        use crate::columns::{conform, formatters, row_string};
+        let keys: Vec<String> = out.keys.iter().map(|(k, _)| k.clone()).collect();
+        let target = merge_schema(&out.schema);
+        let rows = out
+            .rows
+            .iter()
+            .map(|b| conform(b, &target))
+            .collect::<Result<Vec<_>>>()?;
+        let incoming = concat_batches(&target, &rows)?;
+        let fk = formatters(&incoming, &keys)?;
+        let touched: HashSet<String> = (0..incoming.num_rows())
+            .map(|i| row_string(&fk, i))
+            .collect();
+        let mut parts = Vec::new();
+        if let Some(existing) = self.rows(&out.table) {
+            let existing = existing
+                .iter()
+                .map(|b| conform(b, &out.schema))
+                .collect::<Result<Vec<_>>>()?;
+            let existing = concat_batches(&out.schema, &existing)?;
+            let fe = formatters(&existing, &keys)?;
+            let keep: BooleanArray = (0..existing.num_rows())
+                .map(|i| Some(!touched.contains(&row_string(&fe, i))))
+                .collect();
+            parts.push(filter_record_batch(&existing, &keep)?);
+        }
+        let ops = crate::columns::string(&incoming, OP)?;
+        let upsert: BooleanArray = ops.iter().map(|o| Some(o == Some("upsert"))).collect();
+        parts.push(conform(
+            &filter_record_batch(&incoming, &upsert)?,
+            &out.schema,
+        )?);
+        let merged = concat_batches(&out.schema, &parts)?;
+        self.put(&out.table, out.schema.clone(), vec![merged]);
+        Ok(())
     }
 
     /// The rows of table `path`, if it exists.

@@ -684,3 +684,103 @@ async fn recompute_rows(
     .await?;
     Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::operator::testing::Harness;
+
+    const JOB: &str = r#"
+name = "rev"
+schedule = "0 */5 * * * *"
+sources = ["orders"]
+keys = ["sku"]
+[window]
+kind = "tumbling"
+size = "5m"
+[aggregates]
+orders = "count(*)"
+revenue_cents = "sum(amount_cents)"
+[time]
+watermark_delay = "30s"
+idle_timeout = "1h"
+lookback = "10m"
+late_policy = "side_output"
+"#;
+
+    fn order(id: &str, ts: &str, sku: &str, cents: i64) -> String {
+        format!(
+            r#"{{"event_id":"{id}","event_ts":"2026-12-01T{ts}Z","order_id":"o-{id}","sku":"{sku}","quantity":1,"amount_cents":{cents}}}"#
+        )
+    }
+
+    const GOLD: &str = "SELECT sku, window_start, orders, revenue_cents, is_final FROM t \
+                        ORDER BY sku, window_start";
+
+    /// The windowed operator over in-memory tables, batch by batch: in order, out of
+    /// order, a late event inside the lookback correcting a final window, one outside it
+    /// going to the late ledger and the counter, and a restart between batches.
+    #[tokio::test]
+    async fn windows_follow_event_time_in_memory() {
+        let mut h = Harness::new("2026-12-01T12:00:00Z");
+        let job = h.job(JOB).await;
+        // In order (and out of order within the batch): W = 10:06 − 30 s.
+        h.land(
+            "orders",
+            "2026-12-01T10:06:10Z",
+            &[
+                order("e2", "10:03:00", "A", 200),
+                order("e1", "10:01:00", "A", 100),
+                order("e3", "10:04:00", "B", 50),
+                order("e4", "10:06:00", "A", 10),
+            ],
+        );
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["applied"], m["too_late"]), (4, 4, 0));
+        assert_eq!((m["windows"], m["corrections"]), (3, 0));
+        assert_eq!(
+            h.rows("gold/rev", GOLD).await,
+            [
+                "A|2026-12-01T10:00:00Z|2|300|true",
+                "A|2026-12-01T10:05:00Z|1|10|false",
+                "B|2026-12-01T10:00:00Z|1|50|true",
+            ]
+        );
+        // A restart: the state goes through its durable form.
+        h.restart();
+        // Late inside the lookback (cut-off 09:55:30): a correction of A@10:00; late
+        // outside it: the late ledger and the counter, no window.
+        h.land(
+            "orders",
+            "2026-12-01T10:19:40Z",
+            &[
+                order("e5", "10:02:00", "A", 1000),
+                order("e6", "09:50:00", "A", 7),
+                order("e7", "10:19:00", "B", 5),
+            ],
+        );
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["applied"], m["too_late"]), (3, 2, 1));
+        // A@10:00 corrected, B@10:15 new, A@10:05 turned final.
+        assert_eq!((m["windows"], m["corrections"]), (3, 1));
+        assert_eq!(
+            h.rows("gold/rev", GOLD).await,
+            [
+                "A|2026-12-01T10:00:00Z|3|1300|true",
+                "A|2026-12-01T10:05:00Z|1|10|true",
+                "B|2026-12-01T10:00:00Z|1|50|true",
+                "B|2026-12-01T10:15:00Z|1|5|false",
+            ]
+        );
+        assert_eq!(
+            h.rows("late/rev", "SELECT event_id, _reason, _cutoff FROM t")
+                .await,
+            [
+                "e6|event_ts before the watermark (2026-12-01T10:05:30Z) minus lookback (600s): \
+              its windows are closed|2026-12-01T09:55:30Z"
+            ]
+        );
+        // Nothing new: no window changes.
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["windows"]), (0, 0));
+    }
+}

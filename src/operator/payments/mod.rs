@@ -524,3 +524,98 @@ async fn too_late_orders(
     out.dedup();
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::operator::testing::Harness;
+
+    const JOB: &str = r#"
+name = "rec"
+schedule = "0 0 * * * *"
+sources = ["orders", "payments"]
+operator = "payment_reconciliation"
+[time]
+watermark_delay = "30s"
+idle_timeout = "1h"
+lookback = "30m"
+late_policy = "side_output"
+[sink]
+merge_keys = ["order_id"]
+[params]
+business_window = "1h"
+horizon = "2h"
+"#;
+
+    fn order(id: &str, ts: &str, cents: i64) -> String {
+        format!(
+            r#"{{"event_id":"e-{id}","event_ts":"2026-12-01T{ts}Z","order_id":"{id}","sku":"s","quantity":1,"amount_cents":{cents}}}"#
+        )
+    }
+
+    fn payment(id: &str, order: &str, ts: &str, cents: i64) -> String {
+        format!(
+            r#"{{"event_id":"p-{id}","event_ts":"2026-12-01T{ts}Z","payment_id":"{id}","order_id":"{order}","amount_cents":{cents},"status":"captured"}}"#
+        )
+    }
+
+    const GOLD: &str = "SELECT order_id, amount_cents, captured_cents, status, is_final FROM t \
+                        ORDER BY order_id";
+
+    /// Reconciliation over in-memory tables: statuses follow the watermark through the
+    /// business window, a late payment inside the lookback matches its order, one
+    /// outside it goes to the late ledger and the counter, and a restart between batches.
+    #[tokio::test]
+    async fn orders_and_payments_match_in_memory() {
+        let mut h = Harness::new("2026-12-01T12:00:00Z");
+        let job = h.job(JOB).await;
+        let landed = "2026-12-01T10:11:00Z";
+        h.land(
+            "orders",
+            landed,
+            &[
+                order("o1", "10:00:00", 500),
+                order("o2", "10:05:00", 300),
+                order("o3", "10:10:00", 200),
+            ],
+        );
+        h.land("payments", landed, &[payment("p1", "o1", "10:02:00", 500)]);
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["orders_touched"], m["upserts"]), (4, 3, 3));
+        assert_eq!(
+            h.rows("gold/rec", GOLD).await,
+            [
+                "o1|500|500|matched|false",
+                "o2|300|0|pending|false",
+                "o3|200|0|pending|false",
+            ]
+        );
+        h.restart();
+        // W was 10:01:30 (the payments' newest event − 30 s): the cut-off is 09:31:30.
+        let landed = "2026-12-01T11:21:00Z";
+        h.land("orders", landed, &[order("o4", "11:20:00", 100)]);
+        h.land(
+            "payments",
+            landed,
+            &[
+                payment("p2", "o2", "10:06:00", 300),
+                payment("p9", "o9", "09:00:00", 10),
+                payment("p4", "o4", "11:20:30", 100),
+            ],
+        );
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["applied"], m["too_late"]), (4, 3, 1));
+        // o2 matched by its late payment; o1's and o3's deadlines passed (o3 unmatched).
+        assert_eq!(
+            h.rows("gold/rec", GOLD).await,
+            [
+                "o1|500|500|matched|true",
+                "o2|300|300|matched|true",
+                "o3|200|0|unmatched|true",
+                "o4|100|100|matched|false",
+            ]
+        );
+        assert_eq!(h.rows("late/rec", "SELECT event_id FROM t").await, ["p-p9"]);
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["upserts"]), (0, 0));
+    }
+}

@@ -644,3 +644,93 @@ async fn existing_alerts(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::operator::testing::Harness;
+
+    const JOB: &str = r#"
+name = "so"
+schedule = "0 */5 * * * *"
+sources = ["inventory"]
+operator = "stockout"
+[time]
+watermark_delay = "30s"
+idle_timeout = "1h"
+lookback = "10m"
+late_policy = "side_output"
+[sink]
+table = "gold/so_alerts"
+merge_keys = ["sku", "minute"]
+[params]
+availability_table = "gold/so_availability"
+"#;
+
+    fn ev(id: &str, ts: &str, sku: &str, kind: &str, q: i64) -> String {
+        format!(
+            r#"{{"event_id":"{id}","event_ts":"2026-12-01T{ts}Z","sku":"{sku}","warehouse_id":"w1","kind":"{kind}","quantity":{q}}}"#
+        )
+    }
+
+    const ALERTS: &str = "SELECT sku, minute, on_hand FROM t ORDER BY sku, minute";
+    const AVAILABILITY: &str = "SELECT sku, on_hand, available FROM t ORDER BY sku";
+
+    /// The stock-out operator over in-memory tables: a stock-out in order, a late
+    /// receipt inside the lookback cancelling it (the sku is replayed from its base), an
+    /// event outside the lookback to the late ledger and the counter, a restart.
+    #[tokio::test]
+    async fn stockouts_follow_event_time_in_memory() {
+        let mut h = Harness::new("2026-12-01T12:00:00Z");
+        let job = h.job(JOB).await;
+        h.land(
+            "inventory",
+            "2026-12-01T10:01:10Z",
+            &[
+                ev("a1", "10:00:00", "A", "count", 2),
+                ev("b1", "10:00:00", "B", "count", 5),
+                ev("a2", "10:01:00", "A", "sale", -2),
+            ],
+        );
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["skus"], m["alerts_upserted"]), (3, 2, 1));
+        assert_eq!(
+            h.rows("gold/so_alerts", ALERTS).await,
+            ["A|2026-12-01T10:01:00Z|0"]
+        );
+        assert_eq!(
+            h.rows("gold/so_availability", AVAILABILITY).await,
+            ["A|0|false", "B|5|true"]
+        );
+        h.restart();
+        // W was 10:00:30, so the cut-off is 09:50:30.
+        h.land(
+            "inventory",
+            "2026-12-01T10:06:10Z",
+            &[
+                ev("a3", "10:00:30", "A", "receipt", 3),
+                ev("b2", "09:40:00", "B", "sale", -1),
+                ev("b3", "10:06:00", "B", "sale", -5),
+            ],
+        );
+        let m = h.run(&job).await;
+        assert_eq!((m["rows_in"], m["applied"], m["too_late"]), (3, 2, 1));
+        assert_eq!(
+            (m["replayed"], m["alerts_deleted"], m["alerts_upserted"]),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            h.rows("gold/so_alerts", ALERTS).await,
+            ["B|2026-12-01T10:06:00Z|0"]
+        );
+        assert_eq!(
+            h.rows("gold/so_availability", AVAILABILITY).await,
+            ["A|3|true", "B|0|false"]
+        );
+        assert_eq!(h.rows("late/so", "SELECT event_id FROM t").await, ["b2"]);
+        let m = h.run(&job).await;
+        assert_eq!(
+            (m["rows_in"], m["alerts_upserted"], m["alerts_deleted"]),
+            (0, 0, 0)
+        );
+    }
+}
