@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod payments;
 pub mod port;
 pub mod read;
+pub mod select;
 pub mod stockout;
 pub mod windowed;
 
@@ -106,10 +107,11 @@ pub(crate) type Parse =
 /// The registry: the operators a job file names with `operator = "…"`, and their
 /// parsers. A file without `operator` is a declarative windowed aggregate
 /// ([`windowed::parse`]).
-pub(crate) const REGISTRY: [(&str, Parse); 3] = [
+pub(crate) const REGISTRY: &[(&str, Parse)] = &[
     ("payments_fast", payments::parse_fast),
     ("payment_reconciliation", payments::parse_reconciliation),
     ("stockout", stockout::parse),
+    ("select", select::parse),
 ];
 
 /// The names [`REGISTRY`] knows, in its order.

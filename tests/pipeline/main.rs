@@ -9,4 +9,5 @@ mod jobs;
 mod ops;
 mod payments;
 mod s3;
+mod select;
 mod stockout;
