@@ -122,9 +122,25 @@ pub enum Error {
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
 
-    /// Anything else, with a human readable reason.
-    #[error("{0}")]
-    Other(String),
+    /// `kestrel lag` has nothing to analyse or cannot draw its chart.
+    #[error(transparent)]
+    Lag(#[from] crate::ops::lag::LagError),
+
+    /// Writing or reading Parquet structures kestrel builds itself (bloom filters).
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+
+    /// A background task (a file's decoder) panicked or was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+
+    /// A lock whose holder panicked: what it guarded may be half updated.
+    #[error("{0}: a thread panicked while holding its lock")]
+    Poisoned(&'static str),
 }
 
 /// Whether a Delta error is a lost race with a concurrent commit (the commit can be

@@ -208,14 +208,31 @@ pub fn analyse(
     }
 }
 
+/// Why `kestrel lag` cannot report.
+#[derive(Debug, thiserror::Error)]
+pub enum LagError {
+    #[error("{0} has no bronze table yet: run `kestrel run` first")]
+    NoBronze(String),
+    #[error("no events of {name} in bronze{since}")]
+    NoEvents { name: String, since: &'static str },
+    #[error("{what}: {column} is not {expected}")]
+    Column {
+        what: String,
+        column: &'static str,
+        expected: &'static str,
+    },
+    /// No TrueType font for `--png` (the message lists the files tried).
+    #[error("{0}")]
+    NoFont(String),
+    #[error("drawing {path}: {reason}")]
+    Draw { path: String, reason: String },
+}
+
 /// Read the arrivals of `opts.source` from bronze and analyse them.
 pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
     let path = crate::names::table::bronze(&opts.source);
     let Some(table) = wh.open(&path).await? else {
-        return Err(Error::Other(format!(
-            "{} has no bronze table yet: run `kestrel run` first",
-            opts.source
-        )));
+        return Err(LagError::NoBronze(opts.source.clone()).into());
     };
     let ctx = delta::session_with(&table, "bronze").await?;
     let what = format!("read arrivals of {path}");
@@ -244,13 +261,21 @@ pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
         let part = part
             .as_any()
             .downcast_ref::<StringArray>()
-            .ok_or_else(|| Error::Other(format!("{what}: _source_partition is not text")))?;
+            .ok_or_else(|| LagError::Column {
+                what: what.clone(),
+                column: "_source_partition",
+                expected: "text",
+            })?;
         let ev = crate::columns::ts(b, "event_ts")?;
         let landed = b
             .column(2)
             .as_any()
             .downcast_ref::<TimestampMicrosecondArray>()
-            .ok_or_else(|| Error::Other(format!("{what}: _landed_at is not a timestamp")))?;
+            .ok_or_else(|| LagError::Column {
+                what: what.clone(),
+                column: "_landed_at",
+                expected: "a timestamp",
+            })?;
         for i in 0..b.num_rows() {
             if ev.is_null(i) || landed.is_null(i) {
                 continue;
@@ -272,15 +297,15 @@ pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
         }
     }
     if arrivals.is_empty() {
-        return Err(Error::Other(format!(
-            "no events of {} in bronze{}",
-            opts.source,
-            if opts.since.is_some() {
+        return Err(LagError::NoEvents {
+            name: opts.source.clone(),
+            since: if opts.since.is_some() {
                 " since --since"
             } else {
                 ""
-            }
-        )));
+            },
+        }
+        .into());
     }
     Ok(analyse(&opts.source, &names, arrivals, opts))
 }
@@ -314,7 +339,7 @@ fn register_font() -> Result<()> {
         ))
     })
     .clone()
-    .map_err(Error::Other)
+    .map_err(|e| LagError::NoFont(e).into())
 }
 
 /// Draw the lateness histogram (both axes log scale) with the percentiles and the
@@ -322,7 +347,12 @@ fn register_font() -> Result<()> {
 pub fn draw_png(r: &LagReport, path: &std::path::Path) -> Result<()> {
     use plotters::prelude::*;
     register_font()?;
-    let err = |e: String| Error::Other(format!("drawing {}: {e}", path.display()));
+    let err = |reason: String| {
+        Error::from(LagError::Draw {
+            path: path.display().to_string(),
+            reason,
+        })
+    };
     // Bins: 10 per decade from 0.1 s; earlier arrivals (and negative lateness, clock
     // skew) go to the first bin.
     let lo = 0.1f64;

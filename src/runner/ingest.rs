@@ -263,7 +263,7 @@ impl Ingestor {
         );
         self.cache
             .lock()
-            .map_err(|_| Error::Other("dedup set lock poisoned".into()))?
+            .map_err(|_| Error::Poisoned("the dedup set cache"))?
             .insert(source.to_string(), set);
         Ok(load)
     }
@@ -598,7 +598,7 @@ impl Ingestor {
             let mut g = self
                 .cache
                 .lock()
-                .map_err(|_| Error::Other("dedup set lock poisoned".into()))?;
+                .map_err(|_| Error::Poisoned("the dedup set cache"))?;
             match g.get_mut(source) {
                 Some(set) => Ok(dedup_in_memory(batches, schema, set)?),
                 None => Err(batches),
@@ -737,7 +737,10 @@ impl Ingestor {
                         decode_file(bytes, format, &schema, &ctx)
                     })
                     .await
-                    .map_err(|e| Error::Other(format!("decoder for {}: {e}", pf.file.path)))??,
+                    .map_err(|source| Error::Task {
+                        what: format!("decoder for {}", pf.file.path),
+                        source,
+                    })??,
                     Err(reason) => Decoded::FileRejected { reason },
                 };
                 bar.inc(1);

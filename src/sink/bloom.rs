@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use deltalake::parquet::bloom_filter::Sbbf;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The Parquet spec's salts of the split-block bloom filter.
 const SALT: [u32; 8] = [
@@ -34,8 +34,7 @@ impl Filter {
     /// The filter read by the Parquet reader.
     pub fn from_sbbf(sbbf: &Sbbf) -> Result<Self> {
         let mut bytes = Vec::with_capacity(sbbf.num_blocks() * BLOCK);
-        sbbf.write_bitset(&mut bytes)
-            .map_err(|e| Error::Other(format!("bloom filter: {e}")))?;
+        sbbf.write_bitset(&mut bytes)?;
         Ok(Filter { bits: bytes.into() })
     }
 

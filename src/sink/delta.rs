@@ -241,7 +241,7 @@ impl Warehouse {
         let st: StructType = schema
             .as_ref()
             .try_into_kernel()
-            .map_err(|e| Error::Other(format!("{url}: schema not representable in Delta: {e}")))?;
+            .map_err(|e| Error::delta(url.to_string(), e.into()))?;
         let table = self
             .builder(&url)?
             .build()
