@@ -147,14 +147,20 @@ impl Location {
         }
     }
 
-    /// Object path of a key relative to this location.
+    /// Object path of a key relative to this location. The key is taken as it is (the
+    /// name a listing returned, or one of kestrel's own): `ObjPath::from` would
+    /// percent-encode `#`, `%`, `[`, `]` and every non-ASCII character, which names
+    /// another object — a landed `w1 #7.ndjson` listed on S3, or walked on local disk,
+    /// would then be "gone" when read. A key that is no valid path (empty segments,
+    /// `.`/`..`, control characters) falls back to the encoded form.
     pub fn path(&self, rel: &str) -> ObjPath {
         let rel = rel.trim_matches('/');
-        if self.prefix.as_ref().is_empty() {
-            ObjPath::from(rel)
+        let full = if self.prefix.as_ref().is_empty() {
+            rel.to_string()
         } else {
-            ObjPath::from(format!("{}/{rel}", self.prefix.as_ref()))
-        }
+            format!("{}/{rel}", self.prefix.as_ref())
+        };
+        ObjPath::parse(&full).unwrap_or_else(|_| ObjPath::from(full))
     }
 
     /// Key relative to this location of an object path (inverse of [`Location::path`]).

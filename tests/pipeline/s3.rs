@@ -199,3 +199,98 @@ fn ingest_from_s3_landing_into_s3_warehouse_exactly_once() {
     );
     assert_eq!(run_python(&python, &script), "120");
 }
+
+/// Names real producers give files: non-ASCII, spaces, `#`, `%`, `[`, `]`. Each file
+/// ingests (its valid rows to bronze, its bad line to quarantine) under its real name in
+/// the ledger and the quarantine, on local disk and on S3; a rerun changes nothing.
+#[test]
+fn files_with_hostile_names_ingest_on_local_disk_and_s3() {
+    const NAMES: [&str; 3] = [
+        "orders/café ☕ 注文.ndjson",
+        "orders/w1 #7 [v2] 100%.ndjson",
+        "orders/partition=eu west/50%25 off?.ndjson",
+    ];
+    let file = |k: i64| {
+        let mut ls: Vec<String> = (0..3)
+            .map(|i| order(&format!("h{k}-{i}"), T0 + k * 60 + i, "ord", "A", 1, 100))
+            .collect();
+        ls.push("{\"event_id\": 1}".to_string());
+        lines(&ls)
+    };
+    let check = |env: &Env, wh: &Warehouse| {
+        let rt = rt();
+        let (bronze, files, quarantined) = rt.block_on(async {
+            let q = |table: &'static str, sql: &'static str| async move {
+                let t = wh.open(table).await.unwrap().expect(table);
+                let ctx = kestrel::sink::delta::session_with(&t, "t").await.unwrap();
+                let b = kestrel::sink::delta::sql(&ctx, sql).await.unwrap();
+                let mut out = Vec::new();
+                for b in &b {
+                    let c = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)
+                        .unwrap();
+                    let c = c
+                        .as_any()
+                        .downcast_ref::<arrow::array::StringArray>()
+                        .unwrap();
+                    out.extend(c.iter().map(|v| v.unwrap_or("∅").to_string()));
+                }
+                out.sort();
+                out
+            };
+            (
+                q("bronze/orders", "SELECT _source_file FROM t").await,
+                q("_kestrel/ledger", "SELECT path || ' ' || status FROM t").await,
+                q("quarantine/orders", "SELECT source_file FROM t").await,
+            )
+        });
+        let mut names: Vec<String> = NAMES.iter().map(|n| n.to_string()).collect();
+        names.sort();
+        let thrice: Vec<String> = names
+            .iter()
+            .flat_map(|n| [n.clone(), n.clone(), n.clone()])
+            .collect();
+        assert_eq!(
+            bronze, thrice,
+            "every valid row, under its file's real name"
+        );
+        assert_eq!(
+            quarantined, names,
+            "each file's bad line, under its real name"
+        );
+        assert_eq!(files.len(), 3, "{files:?}");
+        for (f, n) in files.iter().zip(&names) {
+            assert!(f.starts_with(n.as_str()) && !f.contains("rejected"), "{f}");
+        }
+        let out = env.run_ok(&["run", "--source", "orders"], 0);
+        assert!(out.contains("nothing new landed"), "{out}");
+    };
+
+    // Local disk.
+    let env = Env::new();
+    for (k, n) in NAMES.iter().enumerate() {
+        env.land(n, &file(k as i64), T0 + 300);
+    }
+    env.run_ok(&["run", "--source", "orders"], 0);
+    check(&env, &env.wh());
+
+    // S3.
+    let Some(moto) = start_moto() else { return };
+    let opts = options(&moto.endpoint);
+    let mut storage = String::from("[storage]\n");
+    for (k, v) in &opts {
+        storage.push_str(&format!("{k} = \"{v}\"\n"));
+    }
+    let env = Env::with_config(&storage);
+    let cfg =
+        format!("landing = \"s3://landing/hostile\"\nwarehouse = \"s3://lake/hostile\"\n{storage}");
+    std::fs::write(env.path().join("kestrel.toml"), cfg).unwrap();
+    let landing = Location::open("s3://landing/hostile", &opts, false).unwrap();
+    rt().block_on(async {
+        for (k, n) in NAMES.iter().enumerate() {
+            landing.put(n, file(k as i64)).await.unwrap();
+        }
+    });
+    env.run_ok(&["run", "--source", "orders"], 0);
+    let wh = Warehouse::new(Location::open("s3://lake/hostile", &opts, false).unwrap());
+    check(&env, &wh);
+}
