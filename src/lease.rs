@@ -2,7 +2,10 @@
 //! touches a source or job, so two processes never run the same work at once.
 //!
 //! A lease expires (`ttl`), and on the same host a lease whose process is gone is taken
-//! over at once, so a kill -9 never blocks the next run. Creation uses put-if-absent;
+//! over at once, so a kill -9 never blocks the next run. "Gone" is judged by
+//! `/proc/<pid>/stat`: no such process, a zombie (killed, not yet reaped by its parent),
+//! or a process whose start time differs from the one the lease recorded (the pid was
+//! reused by an unrelated process). Creation uses put-if-absent;
 //! Delta's optimistic concurrency and put-if-absent plans stay the last guard.
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
@@ -28,6 +31,10 @@ struct LeaseBody {
     owner: String,
     host: String,
     pid: u32,
+    /// The holder's start time (clock ticks after boot, `/proc/<pid>/stat` field 22);
+    /// absent in leases written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started: Option<u64>,
     acquired_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
 }
@@ -46,8 +53,26 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
-fn pid_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+/// State and start time of process `pid` (`/proc/<pid>/stat` fields 3 and 22), if it
+/// exists.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces and ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let started = fields.get(19)?.parse().ok()?;
+    Some((state, started))
+}
+
+/// Whether the process that took a lease (`pid`, started at `started`) still runs: it
+/// exists, is no zombie, and is the same process (same start time, when recorded).
+fn holder_alive(pid: u32, started: Option<u64>) -> bool {
+    match proc_stat(pid) {
+        None => false,
+        Some((state, _)) if state == 'Z' || state == 'X' => false,
+        Some((_, at)) => started.is_none_or(|s| s == at),
+    }
 }
 
 impl Lease {
@@ -59,6 +84,7 @@ impl Lease {
             owner: format!("{}:{}", hostname(), std::process::id()),
             host: hostname(),
             pid: std::process::id(),
+            started: proc_stat(std::process::id()).map(|(_, at)| at),
             acquired_at: now,
             expires_at: now + ChronoDuration::from_std(ttl).unwrap_or(ChronoDuration::minutes(10)),
         };
@@ -79,7 +105,9 @@ impl Lease {
                 None => true, // unreadable or half-written: treat as stale
                 Some(c) => {
                     c.expires_at < Utc::now()
-                        || (c.host == body.host && c.pid != body.pid && !pid_alive(c.pid))
+                        || (c.host == body.host
+                            && c.pid != body.pid
+                            && !holder_alive(c.pid, c.started))
                 }
             };
             if stale && attempt < 2 {
@@ -117,7 +145,7 @@ impl Lease {
         let Ok(c) = serde_json::from_slice::<LeaseBody>(&raw) else {
             return Ok(None);
         };
-        let dead = c.host == hostname() && !pid_alive(c.pid);
+        let dead = c.host == hostname() && !holder_alive(c.pid, c.started);
         let ours = c.host == hostname() && c.pid == std::process::id();
         Ok((c.expires_at >= Utc::now() && !dead && !ours).then_some(c.owner))
     }
@@ -154,5 +182,94 @@ impl Lease {
             }
         }
         self.wh.loc.delete_if_exists(&self.key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warehouse(dir: &std::path::Path) -> Warehouse {
+        Warehouse::new(
+            crate::storage::Location::open(dir.to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        )
+    }
+
+    /// Write lease `name` as if process `pid` (started at `started`) held it for an hour.
+    async fn held_by(wh: &Warehouse, name: &str, pid: u32, started: Option<u64>) {
+        let now = Utc::now();
+        let body = LeaseBody {
+            owner: format!("{}:{pid}", hostname()),
+            host: hostname(),
+            pid,
+            started,
+            acquired_at: now,
+            expires_at: now + ChronoDuration::hours(1),
+        };
+        let key = crate::names::key::lease(name);
+        wh.loc
+            .put(&key, serde_json::to_vec(&body).unwrap())
+            .await
+            .unwrap();
+    }
+
+    const TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// A live holder blocks; the same pid with another start time (a reused pid) and a
+    /// zombie (killed, not yet reaped) count as gone, and their leases are taken over.
+    #[tokio::test]
+    async fn a_reused_pid_or_a_zombie_does_not_hold_a_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = warehouse(dir.path());
+        let mut live = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = live.id();
+        let (_, started) = proc_stat(pid).unwrap();
+
+        held_by(&wh, "job-a", pid, Some(started)).await;
+        let e = Lease::acquire(&wh, "job-a", TTL).await.unwrap_err();
+        assert!(matches!(e, Error::LeaseHeld { .. }), "{e}");
+        assert!(Lease::live_holder(&wh, "job-a").await.unwrap().is_some());
+        // An old lease without a start time: the pid alone decides.
+        held_by(&wh, "job-b", pid, None).await;
+        assert!(Lease::acquire(&wh, "job-b", TTL).await.is_err());
+
+        // The pid now belongs to another process than the one that took the lease.
+        held_by(&wh, "job-c", pid, Some(started + 1)).await;
+        assert!(Lease::live_holder(&wh, "job-c").await.unwrap().is_none());
+        let l = Lease::acquire(&wh, "job-c", TTL).await.unwrap();
+        assert_eq!(l.body.pid, std::process::id());
+        l.release().await.unwrap();
+
+        // Killed but not reaped: a zombie.
+        live.kill().unwrap();
+        let t = std::time::Instant::now();
+        while proc_stat(pid).is_some_and(|(s, _)| s != 'Z') {
+            assert!(t.elapsed().as_secs() < 10, "no zombie");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(proc_stat(pid).map(|(s, _)| s), Some('Z'));
+        held_by(&wh, "job-d", pid, Some(started)).await;
+        assert!(Lease::live_holder(&wh, "job-d").await.unwrap().is_none());
+        Lease::acquire(&wh, "job-d", TTL).await.unwrap();
+        live.wait().unwrap();
+    }
+
+    /// This process's own stat parses (a command name with spaces and parentheses is
+    /// skipped whole), and its lease records its start time.
+    #[tokio::test]
+    async fn a_lease_records_its_holders_start_time() {
+        let (state, started) = proc_stat(std::process::id()).unwrap();
+        assert!(state != 'Z' && started > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let wh = warehouse(dir.path());
+        let l = Lease::acquire(&wh, "job-x", TTL).await.unwrap();
+        assert_eq!(l.body.started, Some(started));
+        assert!(holder_alive(std::process::id(), Some(started)));
+        assert!(!holder_alive(std::process::id(), Some(started + 1)));
+        l.release().await.unwrap();
     }
 }
