@@ -214,8 +214,8 @@ impl<'de> de::Deserialize<'de> for CellValue<'de> {
                     i64::try_from(v).map(Cell::Int).unwrap_or(Cell::BigInt),
                 ))
             }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
-                Ok(CellValue(Cell::Float))
+            fn visit_f64<E>(self, v: f64) -> std::result::Result<Self::Value, E> {
+                Ok(CellValue(float_cell(v)))
             }
             fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
                 Ok(CellValue(Cell::Bool))
@@ -246,6 +246,19 @@ impl<'de> de::Deserialize<'de> for CellValue<'de> {
 }
 
 /// Why a Parquet column cannot feed a schema field, or None when it can.
+/// What a JSON number serde_json read as a float is: an integer literal outside the i64
+/// range also arrives here (`-9223372036854775809`), as does `3.0`.
+fn float_cell(v: f64) -> Cell<'static> {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if v.fract() != 0.0 || !v.is_finite() {
+        Cell::Float
+    } else if v.abs() >= TWO_63 {
+        Cell::BigInt
+    } else {
+        Cell::FloatWhole
+    }
+}
+
 fn parquet_type_problem(ty: FieldType, dt: &DataType) -> Option<String> {
     let ok = match ty {
         FieldType::String => matches!(
@@ -345,9 +358,13 @@ pub fn decode_parquet(
         };
         // Normalise each used column once per batch.
         let mut norm: Vec<Option<Arc<dyn Array>>> = Vec::with_capacity(columns.len());
+        // Typed timestamps as read, where the cast to microseconds can overflow (a value
+        // the cast turned null was out of range, not null).
+        let mut typed_ts: Vec<Option<&Arc<dyn Array>>> = Vec::with_capacity(columns.len());
         for (f, c) in schema.fields.iter().zip(&columns) {
             let Some(c) = c else {
                 norm.push(None);
+                typed_ts.push(None);
                 continue;
             };
             let a = batch.column(*c);
@@ -360,15 +377,19 @@ pub fn decode_parquet(
                 (FieldType::Timestamp, DataType::Int64) => DataType::Int64,
                 (FieldType::Timestamp, _) => DataType::Utf8,
             };
+            typed_ts.push(matches!(a.data_type(), DataType::Timestamp(_, _)).then_some(a));
             norm.push(Some(cast(a, &target)?));
         }
         let mut cells: Vec<Cell<'_>> = Vec::with_capacity(schema.fields.len());
         for row in 0..batch.num_rows() {
             records += 1;
             cells.clear();
-            for a in &norm {
+            for (a, typed) in norm.iter().zip(&typed_ts) {
                 let cell = match a {
                     None => Cell::Missing,
+                    Some(a) if a.is_null(row) && typed.is_some_and(|t| !t.is_null(row)) => {
+                        Cell::TsOutOfRange
+                    }
                     Some(a) if a.is_null(row) => Cell::Null,
                     Some(a) => match a.data_type() {
                         DataType::Utf8 => Cell::Str(Cow::Borrowed(a.as_string::<i32>().value(row))),

@@ -4,3 +4,6 @@ pub mod decode;
 pub mod dedup;
 pub mod discover;
 pub mod validate;
+
+#[cfg(test)]
+mod fuzz;

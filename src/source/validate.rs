@@ -36,14 +36,18 @@ pub enum Cell<'a> {
     Int(i64),
     /// An integer outside the i64 range.
     BigInt,
-    /// A number with a fraction or exponent.
+    /// A number with a fraction.
     Float,
+    /// A number written as a float (`3.0`, `1e3`) whose value is a whole number.
+    FloatWhole,
     /// true/false.
     Bool,
     /// An object or array.
     Nested,
     /// A timestamp already typed by the file format (Parquet), microseconds UTC.
     TsMicros(i64),
+    /// A typed timestamp (Parquet) too far from 1970 for 64-bit microseconds.
+    TsOutOfRange,
 }
 
 impl Cell<'_> {
@@ -55,9 +59,13 @@ impl Cell<'_> {
             Cell::Int(_) => "an integer",
             Cell::BigInt => "an integer out of the 64-bit range",
             Cell::Float => "a number with a fraction",
+            Cell::FloatWhole => {
+                "a floating-point number (write integers without `.` or an exponent)"
+            }
             Cell::Bool => "a boolean",
             Cell::Nested => "an object or array",
             Cell::TsMicros(_) => "a timestamp",
+            Cell::TsOutOfRange => "a timestamp outside the range of 64-bit microseconds since 1970",
         }
     }
 }
