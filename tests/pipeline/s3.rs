@@ -294,3 +294,64 @@ fn files_with_hostile_names_ingest_on_local_disk_and_s3() {
     let wh = Warehouse::new(Location::open("s3://lake/hostile", &opts, false).unwrap());
     check(&env, &wh);
 }
+
+/// A secret given in the environment appears in no output, log or table: a run at
+/// `-vv` (debug logs, object_store's and the HTTP client's included) whose S3 landing
+/// fails, and one that succeeds and writes its warehouse.
+#[test]
+fn the_secret_key_appears_in_no_output_log_or_table() {
+    let Some(moto) = start_moto() else { return };
+    const SECRET: &str = "kestrel-test-secret-9f2c4e7a1b";
+    let env = Env::new();
+    let storage = format!(
+        "[storage]\naws_endpoint = \"{}\"\naws_region = \"us-east-1\"\nallow_http = \"true\"\n",
+        moto.endpoint
+    );
+    let secrets = [
+        ("AWS_ACCESS_KEY_ID", "kestrel-test-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ("RUST_LOG", "trace"),
+    ];
+    let mut seen = String::new();
+    // A bucket that does not exist: the run fails on S3.
+    let cfg = format!("landing = \"s3://no-such-bucket/zone\"\nwarehouse = \"warehouse\"\n{storage}");
+    std::fs::write(env.path().join("kestrel.toml"), cfg).unwrap();
+    let out = env.kestrel_env(&["-vv", "run", "--source", "orders"], &secrets);
+    assert_ne!(out.status.code(), Some(0), "the run fails on S3");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(stderr.contains("no-such-bucket"), "{stderr}");
+    seen.push_str(&String::from_utf8_lossy(&out.stdout));
+    seen.push_str(&stderr);
+    // A landing that works: files ingested into the local warehouse, the run log written.
+    let opts = options(&moto.endpoint);
+    let landing = Location::open("s3://landing/secret", &opts, false).unwrap();
+    rt().block_on(async {
+        for (name, body, _) in fixture_files() {
+            landing.put(&name, body).await.unwrap();
+        }
+    });
+    let cfg = format!("landing = \"s3://landing/secret\"\nwarehouse = \"warehouse\"\n{storage}");
+    std::fs::write(env.path().join("kestrel.toml"), cfg).unwrap();
+    let out = env.kestrel_env(&["-vv", "run", "--source", "orders"], &secrets);
+    seen.push_str(&String::from_utf8_lossy(&out.stdout));
+    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    assert!(seen.contains("DEBUG") || seen.contains("TRACE"), "debug logs were on");
+    assert!(!seen.contains(SECRET), "the secret is in the output");
+    // Nor in any file of the warehouse (tables, logs, plans, leases).
+    let mut stack = vec![env.warehouse()];
+    let mut files = 0;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                files += 1;
+                let bytes = std::fs::read(&p).unwrap();
+                let hit = bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes());
+                assert!(!hit, "the secret is in {}", p.display());
+            }
+        }
+    }
+    assert!(files > 10, "the warehouse was written ({files} files)");
+}
