@@ -53,6 +53,13 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
+/// FNV-1a of `bytes` (names a takeover marker after the lease it replaces).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// State and start time of process `pid` (`/proc/<pid>/stat` fields 3 and 22), if it
 /// exists.
 fn proc_stat(pid: u32) -> Option<(char, u64)> {
@@ -111,8 +118,9 @@ impl Lease {
                 }
             };
             if stale && attempt < 2 {
-                tracing::warn!(lease = name, "taking over a stale lease");
-                wh.loc.delete_if_exists(&key).await?;
+                if Self::take_over(wh, &key, &raw).await? {
+                    tracing::warn!(lease = name, "took over a stale lease");
+                }
                 continue;
             }
             let (owner, until) = current
@@ -126,6 +134,28 @@ impl Lease {
             });
         }
         Err(LeaseError::Contended(name.to_string()).into())
+    }
+
+    /// Remove the stale lease `raw` at `key` so it can be created again — unless another
+    /// contender got there first. Deleting and re-creating alone lets two processes that
+    /// both saw the stale lease both win (the second deletes the first's fresh lease), so
+    /// a takeover is claimed first with a put-if-absent marker named after the stale
+    /// lease's bytes: one contender per stale lease wins it, re-reads the lease and
+    /// deletes it only if it is still the stale one. Returns whether it removed it.
+    async fn take_over(wh: &Warehouse, key: &str, raw: &[u8]) -> Result<bool> {
+        let marker = format!("{key}.takeover-{:016x}", fnv1a(raw));
+        if !wh.loc.put_if_absent(&marker, Vec::new()).await? {
+            return Ok(false); // another contender is taking it over
+        }
+        let still = wh.loc.get_opt(key).await?;
+        let removed = if still.as_deref() == Some(raw) {
+            wh.loc.delete_if_exists(key).await?;
+            true
+        } else {
+            false
+        };
+        wh.loc.delete_if_exists(&marker).await?;
+        Ok(removed)
     }
 
     /// Who runs `job` always-on right now (the live holder of its stream lease), if
@@ -256,6 +286,50 @@ mod tests {
         assert!(Lease::live_holder(&wh, "job-d").await.unwrap().is_none());
         Lease::acquire(&wh, "job-d", TTL).await.unwrap();
         live.wait().unwrap();
+    }
+
+    /// Many processes finding the same expired lease: exactly one takes it over (the
+    /// others find it held), in every round.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_contender_takes_over_a_stale_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = warehouse(dir.path());
+        for round in 0..20 {
+            let name = format!("job-r{round}");
+            let key = crate::names::key::lease(&name);
+            let then = Utc::now() - ChronoDuration::hours(2);
+            let stale = LeaseBody {
+                owner: "elsewhere:1".into(),
+                host: "elsewhere".into(),
+                pid: 1,
+                started: None,
+                acquired_at: then,
+                expires_at: then + ChronoDuration::hours(1),
+            };
+            wh.loc
+                .put(&key, serde_json::to_vec(&stale).unwrap())
+                .await
+                .unwrap();
+            let tasks: Vec<_> = (0..8)
+                .map(|_| {
+                    let (wh, name) = (wh.clone(), name.clone());
+                    tokio::spawn(async move { Lease::acquire(&wh, &name, TTL).await })
+                })
+                .collect();
+            let mut won = Vec::new();
+            for t in tasks {
+                match t.await.unwrap() {
+                    Ok(l) => won.push(l),
+                    Err(Error::LeaseHeld { .. }) | Err(Error::Lease(LeaseError::Contended(_))) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(won.len(), 1, "round {round}: {} holders", won.len());
+            // The lease on disk is the winner's.
+            let raw = wh.loc.get_opt(&key).await.unwrap().unwrap();
+            let on_disk: LeaseBody = serde_json::from_slice(&raw).unwrap();
+            assert_eq!(on_disk.acquired_at, won[0].body.acquired_at);
+        }
     }
 
     /// This process's own stat parses (a command name with spaces and parentheses is

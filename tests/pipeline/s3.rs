@@ -314,7 +314,8 @@ fn the_secret_key_appears_in_no_output_log_or_table() {
     ];
     let mut seen = String::new();
     // A bucket that does not exist: the run fails on S3.
-    let cfg = format!("landing = \"s3://no-such-bucket/zone\"\nwarehouse = \"warehouse\"\n{storage}");
+    let cfg =
+        format!("landing = \"s3://no-such-bucket/zone\"\nwarehouse = \"warehouse\"\n{storage}");
     std::fs::write(env.path().join("kestrel.toml"), cfg).unwrap();
     let out = env.kestrel_env(&["-vv", "run", "--source", "orders"], &secrets);
     assert_ne!(out.status.code(), Some(0), "the run fails on S3");
@@ -335,7 +336,10 @@ fn the_secret_key_appears_in_no_output_log_or_table() {
     let out = env.kestrel_env(&["-vv", "run", "--source", "orders"], &secrets);
     seen.push_str(&String::from_utf8_lossy(&out.stdout));
     seen.push_str(&String::from_utf8_lossy(&out.stderr));
-    assert!(seen.contains("DEBUG") || seen.contains("TRACE"), "debug logs were on");
+    assert!(
+        seen.contains("DEBUG") || seen.contains("TRACE"),
+        "debug logs were on"
+    );
     assert!(!seen.contains(SECRET), "the secret is in the output");
     // Nor in any file of the warehouse (tables, logs, plans, leases).
     let mut stack = vec![env.warehouse()];
