@@ -49,6 +49,10 @@ pub enum Decoded {
     FileRejected { reason: String },
 }
 
+/// A gzip file that decompresses to more than this is rejected whole (a file is decoded
+/// in memory; a small file can decompress to many gigabytes).
+pub const MAX_GUNZIPPED_BYTES: u64 = 2 << 30;
+
 /// Decode one file's bytes.
 pub fn decode_file(
     bytes: Bytes,
@@ -58,17 +62,37 @@ pub fn decode_file(
 ) -> Result<Decoded> {
     match format {
         Format::Ndjson => decode_ndjson(&bytes, schema, ctx),
-        Format::NdjsonGz => {
-            let mut out = Vec::with_capacity(bytes.len() * 4);
-            if let Err(e) = flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_end(&mut out) {
-                return Ok(Decoded::FileRejected {
-                    reason: format!("truncated or corrupt gzip: {e}"),
-                });
-            }
-            decode_ndjson(&out, schema, ctx)
-        }
+        Format::NdjsonGz => match gunzip(&bytes, MAX_GUNZIPPED_BYTES) {
+            Ok(out) => decode_ndjson(&out, schema, ctx),
+            Err(reason) => Ok(Decoded::FileRejected { reason }),
+        },
         Format::Parquet => decode_parquet(bytes, schema, ctx),
     }
+}
+
+/// A record (NDJSON line) longer than this is rejected without being parsed: no event
+/// is that large, and a file without newlines would otherwise be parsed, and quarantined,
+/// as one record of its whole size.
+pub const MAX_RECORD_BYTES: usize = 4 << 20;
+
+/// How much of an over-long record the quarantine keeps as its raw text (the landed file
+/// itself stays in the landing zone, and the ledger names it).
+pub const MAX_RAW_BYTES: usize = 64 << 10;
+
+/// The decompressed bytes of a gzip file (all its members), or why it is rejected: not
+/// gzip, truncated, or more than `limit` bytes decompressed.
+fn gunzip(bytes: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(bytes.len() * 4);
+    let mut gz = flate2::read::MultiGzDecoder::new(bytes).take(limit + 1);
+    gz.read_to_end(&mut out)
+        .map_err(|e| format!("truncated or corrupt gzip: {e}"))?;
+    if out.len() as u64 > limit {
+        return Err(format!(
+            "gzip decompresses to more than {limit} bytes ({} compressed): split it into smaller files",
+            bytes.len()
+        ));
+    }
+    Ok(out)
 }
 
 /// Decode NDJSON text.
@@ -89,6 +113,19 @@ pub fn decode_ndjson(
         }
         records += 1;
         let line_no = i as i64 + 1;
+        if line.len() > MAX_RECORD_BYTES {
+            let head = String::from_utf8_lossy(&line[..MAX_RAW_BYTES]);
+            rejects.push(Rejected {
+                line: Some(line_no),
+                raw: Some(format!("{head}… [{} bytes in all]", line.len())),
+                reason: format!(
+                    "record of {} bytes is longer than the limit of {} bytes (is the file newline-delimited JSON?)",
+                    line.len(),
+                    MAX_RECORD_BYTES
+                ),
+            });
+            continue;
+        }
         cells.clear();
         cells.resize(names.len(), Cell::Missing);
         let parsed = {
@@ -448,6 +485,54 @@ mod tests {
 
     fn orders() -> Arc<SourceSchema> {
         load_all(std::path::Path::new("/none")).unwrap()["orders"].clone()
+    }
+
+    /// A gzip file that decompresses past the limit is rejected whole, with a reason.
+    #[test]
+    fn a_gzip_bomb_is_rejected_whole() {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&vec![b' '; 10 << 20]).unwrap();
+        let gz = e.finish().unwrap();
+        assert!(gz.len() < 100 << 10, "{}", gz.len());
+        let err = gunzip(&gz, 1 << 20).unwrap_err();
+        assert!(
+            err.contains("decompresses to more than 1048576 bytes"),
+            "{err}"
+        );
+        assert_eq!(gunzip(&gz, 10 << 20).unwrap().len(), 10 << 20);
+    }
+
+    /// A file without newlines is one over-long record: rejected with a reason, not
+    /// parsed, and only its head kept as raw text; the records around it are not affected.
+    #[test]
+    fn an_overlong_record_is_rejected_unparsed() {
+        let good = br#"{"event_id":"e1","event_ts":"2025-11-24T10:00:00Z","order_id":"o1","sku":"s","quantity":2,"amount_cents":500}"#;
+        let mut text = good.to_vec();
+        text.push(b'\n');
+        text.extend(std::iter::repeat_n(b'x', MAX_RECORD_BYTES + 1));
+        text.push(b'\n');
+        text.extend_from_slice(good);
+        let Decoded::Rows {
+            batch,
+            rejects,
+            records,
+        } = decode_ndjson(&text, &orders(), &ctx()).unwrap()
+        else {
+            panic!("file rejected")
+        };
+        assert_eq!(
+            (records, batch.unwrap().num_rows(), rejects.len()),
+            (3, 2, 1)
+        );
+        assert_eq!(rejects[0].line, Some(2));
+        assert!(
+            rejects[0].reason.contains("longer than the limit"),
+            "{}",
+            rejects[0].reason
+        );
+        let raw = rejects[0].raw.as_ref().unwrap();
+        assert!(raw.len() < MAX_RAW_BYTES + 100 && raw.ends_with("bytes in all]"));
     }
 
     #[test]
