@@ -10,6 +10,14 @@
 //!
 //! Pause points (`KESTREL_DELAY`): `job_after_compute`, and `job_before_gold_commit`
 //! (a gold table is opened for a batch's commit; a test commits to it meanwhile).
+//!
+//! A failing store (`KESTREL_STORE_FAULTS=rate=0.05[,ambiguous=0.02][,seed=N]`): every
+//! object-store call of the process (landing, warehouse, Delta tables) fails with a
+//! transient error at `rate`, before it reaches the store; and a put-if-absent that
+//! *did* write reports an error anyway at `ambiguous` (S3's answer lost on the way back).
+//! Unset, nothing is wrapped.
+
+use futures::StreamExt;
 
 /// Environment variable naming the fault points.
 pub const ENV: &str = "KESTREL_FAULT";
@@ -73,10 +81,75 @@ fn named(point: &str) -> bool {
     std::env::var(ENV).is_ok_and(|v| v.split(',').any(|p| p.trim() == point))
 }
 
-/// Whether Delta tables must be opened through [`FaultStore`] (a fault point sits inside
-/// a delta-rs commit). Never true unless the environment asks for it.
+/// Environment variable of the failing store.
+pub const STORE_FAULTS_ENV: &str = "KESTREL_STORE_FAULTS";
+
+/// Injected object-store faults (see the module docs).
+#[derive(Debug)]
+pub struct StoreFaults {
+    rate: f64,
+    ambiguous: f64,
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
+}
+
+impl StoreFaults {
+    fn parse(spec: &str) -> Option<Self> {
+        use rand::SeedableRng;
+        let (mut rate, mut ambiguous, mut seed) = (0.0, 0.0, None);
+        for kv in spec.split(',').filter(|s| !s.trim().is_empty()) {
+            let (k, v) = kv.split_once('=')?;
+            match k.trim() {
+                "rate" => rate = v.trim().parse().ok()?,
+                "ambiguous" => ambiguous = v.trim().parse().ok()?,
+                "seed" => seed = Some(v.trim().parse().ok()?),
+                _ => return None,
+            }
+        }
+        let rng = match seed {
+            Some(s) => rand::rngs::StdRng::seed_from_u64(s),
+            None => rand::rngs::StdRng::from_entropy(),
+        };
+        Some(StoreFaults {
+            rate,
+            ambiguous,
+            rng: std::sync::Mutex::new(rng),
+        })
+    }
+
+    fn roll(&self, p: f64) -> bool {
+        use rand::Rng;
+        p > 0.0 && self.rng.lock().is_ok_and(|mut r| r.gen_bool(p.min(1.0)))
+    }
+}
+
+/// The failing store's settings, if `KESTREL_STORE_FAULTS` asks for one (a malformed
+/// value is reported once and ignored).
+pub fn store_faults() -> Option<&'static StoreFaults> {
+    static FAULTS: std::sync::OnceLock<Option<StoreFaults>> = std::sync::OnceLock::new();
+    FAULTS
+        .get_or_init(|| {
+            let spec = std::env::var(STORE_FAULTS_ENV).ok()?;
+            let f = StoreFaults::parse(&spec);
+            if f.is_none() {
+                tracing::warn!(%spec, "{STORE_FAULTS_ENV}: expected rate=P[,ambiguous=P][,seed=N]; ignored");
+            }
+            f
+        })
+        .as_ref()
+}
+
+/// Whether object stores must be opened through [`FaultStore`] (a fault point sits inside
+/// a delta-rs commit, or the store is to fail). Never true unless the environment asks.
 pub fn wraps_store() -> bool {
-    named(COMPACTION_COMMIT)
+    named(COMPACTION_COMMIT) || store_faults().is_some()
+}
+
+/// The error an injected fault returns (a transient one: what a timeout looks like).
+fn injected(op: &str, location: &object_store::path::Path) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "kestrel-fault",
+        source: format!("injected transient fault: {op} {location}").into(),
+    }
 }
 
 /// An object store that reaches fault points where delta-rs, not kestrel, does the I/O:
@@ -90,6 +163,17 @@ impl FaultStore {
     /// Wrap `inner` (rooted where delta-rs expects its table stores to be rooted).
     pub fn new(inner: std::sync::Arc<dyn object_store::ObjectStore>) -> Self {
         FaultStore { inner }
+    }
+
+    /// Fail this call at the configured rate.
+    fn fail(&self, op: &str, location: &object_store::path::Path) -> object_store::Result<()> {
+        match store_faults() {
+            Some(f) if f.roll(f.rate) => {
+                tracing::debug!(op, %location, "injected store fault");
+                Err(injected(op, location))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check(&self, location: &object_store::path::Path) {
@@ -120,7 +204,14 @@ impl object_store::ObjectStore for FaultStore {
         opts: object_store::PutOptions,
     ) -> object_store::Result<object_store::PutResult> {
         self.check(location);
-        self.inner.put_opts(location, payload, opts).await
+        self.fail("put", location)?;
+        let create = matches!(opts.mode, object_store::PutMode::Create);
+        let r = self.inner.put_opts(location, payload, opts).await?;
+        if create && store_faults().is_some_and(|f| f.roll(f.ambiguous)) {
+            tracing::debug!(%location, "injected ambiguous create: written, reported failed");
+            return Err(injected("put (written)", location));
+        }
+        Ok(r)
     }
 
     async fn put_multipart_opts(
@@ -128,6 +219,7 @@ impl object_store::ObjectStore for FaultStore {
         location: &object_store::path::Path,
         opts: object_store::PutMultipartOptions,
     ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.fail("put multipart", location)?;
         self.inner.put_multipart_opts(location, opts).await
     }
 
@@ -136,6 +228,7 @@ impl object_store::ObjectStore for FaultStore {
         location: &object_store::path::Path,
         options: object_store::GetOptions,
     ) -> object_store::Result<object_store::GetResult> {
+        self.fail("get", location)?;
         self.inner.get_opts(location, options).await
     }
 
@@ -146,13 +239,35 @@ impl object_store::ObjectStore for FaultStore {
             object_store::Result<object_store::path::Path>,
         >,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
-        self.inner.delete_stream(locations)
+        if store_faults().is_none() {
+            return self.inner.delete_stream(locations);
+        }
+        // A failed delete leaves the object; the stream reports it and goes on.
+        let inner = self.inner.clone();
+        locations
+            .then(move |l| {
+                let inner = inner.clone();
+                async move {
+                    let l = l?;
+                    match store_faults() {
+                        Some(f) if f.roll(f.rate) => Err(injected("delete", &l)),
+                        _ => object_store::ObjectStoreExt::delete(&inner, &l)
+                            .await
+                            .map(|()| l),
+                    }
+                }
+            })
+            .boxed()
     }
 
     fn list(
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        let root = object_store::path::Path::default();
+        if let Err(e) = self.fail("list", prefix.unwrap_or(&root)) {
+            return futures::stream::once(async move { Err(e) }).boxed();
+        }
         self.inner.list(prefix)
     }
 
@@ -161,6 +276,10 @@ impl object_store::ObjectStore for FaultStore {
         prefix: Option<&object_store::path::Path>,
         offset: &object_store::path::Path,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        let root = object_store::path::Path::default();
+        if let Err(e) = self.fail("list", prefix.unwrap_or(&root)) {
+            return futures::stream::once(async move { Err(e) }).boxed();
+        }
         self.inner.list_with_offset(prefix, offset)
     }
 
@@ -168,6 +287,8 @@ impl object_store::ObjectStore for FaultStore {
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> object_store::Result<object_store::ListResult> {
+        let root = object_store::path::Path::default();
+        self.fail("list", prefix.unwrap_or(&root))?;
         self.inner.list_with_delimiter(prefix).await
     }
 
@@ -178,6 +299,7 @@ impl object_store::ObjectStore for FaultStore {
         options: object_store::CopyOptions,
     ) -> object_store::Result<()> {
         self.check(to);
+        self.fail("copy", to)?;
         self.inner.copy_opts(from, to, options).await
     }
 
@@ -188,6 +310,7 @@ impl object_store::ObjectStore for FaultStore {
         options: object_store::RenameOptions,
     ) -> object_store::Result<()> {
         self.check(to);
+        self.fail("rename", to)?;
         self.inner.rename_opts(from, to, options).await
     }
 }

@@ -206,17 +206,22 @@ impl Warehouse {
             .map_err(|e| Error::delta(url.as_str(), e))?
             .with_storage_options(self.options());
         type Store = std::sync::Arc<dyn deltalake::logstore::object_store::ObjectStore>;
-        // Local tables list their logs by name (see `sink::loglist`).
-        let mut root: Option<Store> = self.loc.local_dir.as_ref().map(|_| {
-            let local: Store = std::sync::Arc::new(
-                deltalake::logstore::object_store::local::LocalFileSystem::new(),
-            );
-            std::sync::Arc::new(super::loglist::LogListing::new(local)) as Store
-        });
-        if crate::fault::wraps_store() {
-            let inner = root.unwrap_or_else(|| self.loc.store.clone());
-            root = Some(std::sync::Arc::new(crate::fault::FaultStore::new(inner)));
-        }
+        // Local tables list their logs by name (see `sink::loglist`); their store retries
+        // transient failures like every store kestrel opens (`storage::layered`). On S3,
+        // delta-rs builds its own store from the URL (with the client's retries) unless a
+        // test asks for fault points or a failing store.
+        let root: Option<Store> = match &self.loc.local_dir {
+            Some(_) => {
+                let local: Store = std::sync::Arc::new(
+                    deltalake::logstore::object_store::local::LocalFileSystem::new(),
+                );
+                Some(crate::storage::layered(std::sync::Arc::new(
+                    super::loglist::LogListing::new(local),
+                )))
+            }
+            None if crate::fault::wraps_store() => Some(self.loc.store.clone()),
+            None => None,
+        };
         if let Some(root) = root {
             b = b.with_storage_backend(root, url.clone());
         }

@@ -4,6 +4,7 @@
 mod backfill;
 mod common;
 mod compaction;
+mod faults;
 mod ingest;
 mod jobs;
 mod ops;

@@ -2,6 +2,8 @@
 //! default) or `s3://bucket/prefix` with `AWS_*` environment variables and `[storage]`
 //! options.
 
+pub mod retry;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,6 +85,18 @@ fn normalize(p: &std::path::Path) -> PathBuf {
     out
 }
 
+/// `store` as kestrel uses it: transient failures retried ([`retry`]); below the
+/// retries, the test fault points and the failing store when the environment asks for
+/// them ([`crate::fault::FaultStore`]).
+pub fn layered(store: Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore> {
+    let store = if crate::fault::wraps_store() {
+        Arc::new(crate::fault::FaultStore::new(store))
+    } else {
+        store
+    };
+    Arc::new(retry::RetryStore::new(store))
+}
+
 impl Location {
     /// Open a location. `create`: create a local directory if missing (warehouse).
     pub fn open(s: &str, options: &BTreeMap<String, String>, create: bool) -> Result<Self> {
@@ -107,7 +121,7 @@ impl Location {
                     LocalFileSystem::new_with_prefix(&dir).map_err(|e| bad(e.to_string()))?;
                 Ok(Location {
                     url,
-                    store: Arc::new(store),
+                    store: layered(Arc::new(store)),
                     prefix: ObjPath::default(),
                     local_dir: Some(dir),
                     options,
@@ -130,7 +144,7 @@ impl Location {
                 let prefix = ObjPath::from(url.path().trim_matches('/'));
                 Ok(Location {
                     url,
-                    store: Arc::new(store),
+                    store: layered(Arc::new(store)),
                     prefix,
                     local_dir: None,
                     options,
