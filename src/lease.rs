@@ -118,7 +118,7 @@ impl Lease {
                 }
             };
             if stale && attempt < 2 {
-                if Self::take_over(wh, &key, &raw).await? {
+                if Self::take_over(wh, &key, &raw, &bytes).await? {
                     tracing::warn!(lease = name, "took over a stale lease");
                 }
                 continue;
@@ -142,9 +142,11 @@ impl Lease {
     /// a takeover is claimed first with a put-if-absent marker named after the stale
     /// lease's bytes: one contender per stale lease wins it, re-reads the lease and
     /// deletes it only if it is still the stale one. Returns whether it removed it.
-    async fn take_over(wh: &Warehouse, key: &str, raw: &[u8]) -> Result<bool> {
+    /// The marker holds the contender's own lease body (`ours`), unique to it, so a
+    /// create whose answer was lost is told apart from another contender's.
+    async fn take_over(wh: &Warehouse, key: &str, raw: &[u8], ours: &[u8]) -> Result<bool> {
         let marker = format!("{key}.takeover-{:016x}", fnv1a(raw));
-        if !wh.loc.put_if_absent(&marker, Vec::new()).await? {
+        if !wh.loc.put_if_absent(&marker, ours.to_vec()).await? {
             return Ok(false); // another contender is taking it over
         }
         let still = wh.loc.get_opt(key).await?;

@@ -107,10 +107,10 @@ impl ObjectStore for RetryStore {
                 match there {
                     Ok(b) if b == bytes_of(&payload) => {
                         tracing::info!(%location, "create answered 'already exists' but holds our bytes: it was ours");
-                        let meta = retried("head", location, || self.inner.head(location)).await?;
+                        let meta = self.inner.head(location).await.ok();
                         Ok(PutResult {
-                            e_tag: meta.e_tag,
-                            version: meta.version,
+                            e_tag: meta.as_ref().and_then(|m| m.e_tag.clone()),
+                            version: meta.and_then(|m| m.version),
                         })
                     }
                     _ => Err(object_store::Error::AlreadyExists { path, source }),
