@@ -384,7 +384,7 @@ impl Operator for Select {
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::testing::Harness;
+    use crate::operator::testing::{order, Harness};
 
     const JOB: &str = r#"
 name = "big"
@@ -401,12 +401,6 @@ lookback = "10m"
 [sink]
 merge_keys = ["event_id"]
 "#;
-
-    fn order(id: &str, ts: &str, sku: &str, cents: i64) -> String {
-        format!(
-            r#"{{"event_id":"{id}","event_ts":"2026-12-01T{ts}Z","order_id":"o-{id}","sku":"{sku}","quantity":1,"amount_cents":{cents}}}"#
-        )
-    }
 
     const GOLD: &str = "SELECT event_id, event_ts, sku, amount_cents, event_date FROM t \
                         ORDER BY event_id";

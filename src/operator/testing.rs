@@ -31,6 +31,14 @@ pub(crate) struct Harness {
     jobs: BTreeMap<String, (i64, JobState)>,
 }
 
+/// An order line of one unit (`orders` source) with event id `id` at `ts` (HH:MM:SS on
+/// 2026-12-01, UTC), order `o-<id>`.
+pub(crate) fn order(id: &str, ts: &str, sku: &str, cents: i64) -> String {
+    format!(
+        r#"{{"event_id":"{id}","event_ts":"2026-12-01T{ts}Z","order_id":"o-{id}","sku":"{sku}","quantity":1,"amount_cents":{cents}}}"#
+    )
+}
+
 pub(crate) fn us(ts: &str) -> i64 {
     parse_rfc3339_us(ts).unwrap_or_else(|| panic!("not RFC 3339: {ts}"))
 }

@@ -687,7 +687,7 @@ async fn recompute_rows(
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::testing::Harness;
+    use crate::operator::testing::{order, Harness};
 
     const JOB: &str = r#"
 name = "rev"
@@ -706,12 +706,6 @@ idle_timeout = "1h"
 lookback = "10m"
 late_policy = "side_output"
 "#;
-
-    fn order(id: &str, ts: &str, sku: &str, cents: i64) -> String {
-        format!(
-            r#"{{"event_id":"{id}","event_ts":"2026-12-01T{ts}Z","order_id":"o-{id}","sku":"{sku}","quantity":1,"amount_cents":{cents}}}"#
-        )
-    }
 
     const GOLD: &str = "SELECT sku, window_start, orders, revenue_cents, is_final FROM t \
                         ORDER BY sku, window_start";
