@@ -131,3 +131,106 @@ fn a_replay_under_store_faults_equals_a_clean_replay() {
         clean.query("_kestrel/runs", runs)
     );
 }
+
+/// A tmpfs mounted for the test's warehouse, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mount a tmpfs of `mib` MiB at `dir`; None (with a message) when this process may
+    /// not mount (not root, or no mount permission in the container).
+    fn mount(dir: &Path, mib: u64) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("cannot mount a tmpfs here (not root?): skipping the full-disk test");
+            return None;
+        }
+        Some(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Free bytes of the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap()
+}
+
+/// The warehouse's disk fills up in the middle of a run: a one-line error naming the
+/// path, a non-zero exit and no broken table; once space is freed, the next run completes
+/// and its tables equal a run that never ran out of space.
+#[test]
+fn a_full_disk_fails_cleanly_and_the_next_run_completes() {
+    let clean = Env::new();
+    clean.run_ok(&["demo", "--hours", "1", "--scale", "0.2"], 0);
+    let env = Env::new();
+    let Some(_disk) = Tmpfs::mount(&env.warehouse(), 64) else {
+        return;
+    };
+    for (p, mtime) in files_by_mtime(&clean.landing()) {
+        let to = env.landing().join(p.strip_prefix(clean.landing()).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&p, &to).unwrap();
+        set_mtime(&to, mtime);
+    }
+    clean.run_ok(&["run"], 0);
+    // Leave ~300 KiB: bronze fits partly, the rest does not.
+    let filler = env.warehouse().join("filler");
+    let leave = 300 << 10;
+    let size = free_bytes(&env.warehouse()).saturating_sub(leave);
+    std::fs::write(&filler, vec![0u8; size as usize]).unwrap();
+    let out = env.kestrel(&["run"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("kestrel: ") && last.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(last.contains(&env.warehouse().display().to_string()), "names the path: {last}");
+    eprintln!("full disk: {last}");
+    // Space again: the next run completes, and equals the run that had room.
+    std::fs::remove_file(&filler).unwrap();
+    env.run_ok(&["run"], 0);
+    let skip = [
+        "_ingested_at",
+        "_updated_at",
+        "_recorded_at",
+        "recorded_at",
+        "detected_at",
+        "e_tag",
+    ];
+    let mut tables = vec!["_kestrel/ledger".to_string()];
+    for s in ["clickstream", "orders", "payments", "inventory"] {
+        tables.push(format!("bronze/{s}"));
+        tables.push(format!("quarantine/{s}"));
+    }
+    for j in ["clickstream_5m", "sessions", "revenue_5m", "revenue_1h", "payments_fast"] {
+        tables.push(format!("gold/{j}"));
+    }
+    tables.extend([
+        "gold/payment_reconciliation".into(),
+        "gold/stockout_alerts".into(),
+        "gold/sku_availability".into(),
+    ]);
+    for t in &tables {
+        assert_eq!(env.snapshot(t, &skip), clean.snapshot(t, &skip), "{t}");
+    }
+}
