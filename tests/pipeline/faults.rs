@@ -204,7 +204,10 @@ fn a_full_disk_fails_cleanly_and_the_next_run_completes() {
         last.starts_with("kestrel: ") && last.contains("No space left on device"),
         "{stderr}"
     );
-    assert!(last.contains(&env.warehouse().display().to_string()), "names the path: {last}");
+    assert!(
+        last.contains(&env.warehouse().display().to_string()),
+        "names the path: {last}"
+    );
     eprintln!("full disk: {last}");
     // Space again: the next run completes, and equals the run that had room.
     std::fs::remove_file(&filler).unwrap();
@@ -222,7 +225,13 @@ fn a_full_disk_fails_cleanly_and_the_next_run_completes() {
         tables.push(format!("bronze/{s}"));
         tables.push(format!("quarantine/{s}"));
     }
-    for j in ["clickstream_5m", "sessions", "revenue_5m", "revenue_1h", "payments_fast"] {
+    for j in [
+        "clickstream_5m",
+        "sessions",
+        "revenue_5m",
+        "revenue_1h",
+        "payments_fast",
+    ] {
         tables.push(format!("gold/{j}"));
     }
     tables.extend([
