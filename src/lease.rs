@@ -53,6 +53,9 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
+/// A takeover marker this old was left by a contender that died mid-takeover.
+const MARKER_TTL: ChronoDuration = ChronoDuration::seconds(30);
+
 /// FNV-1a of `bytes` (names a takeover marker after the lease it replaces).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -147,7 +150,17 @@ impl Lease {
     async fn take_over(wh: &Warehouse, key: &str, raw: &[u8], ours: &[u8]) -> Result<bool> {
         let marker = format!("{key}.takeover-{:016x}", fnv1a(raw));
         if !wh.loc.put_if_absent(&marker, ours.to_vec()).await? {
-            return Ok(false); // another contender is taking it over
+            // Another contender is taking it over — or died doing so (kill -9 between
+            // its marker and its delete): a marker older than a takeover takes is stale
+            // too, and goes, so the next attempt can claim the lease.
+            let path = wh.loc.path(&marker);
+            if let Ok(meta) = object_store::ObjectStoreExt::head(&wh.loc.store, &path).await {
+                if Utc::now() - meta.last_modified > MARKER_TTL {
+                    tracing::warn!(%marker, "removing a stale takeover marker");
+                    wh.loc.delete_if_exists(&marker).await?;
+                }
+            }
+            return Ok(false);
         }
         let still = wh.loc.get_opt(key).await?;
         let removed = if still.as_deref() == Some(raw) {
@@ -332,6 +345,37 @@ mod tests {
             let on_disk: LeaseBody = serde_json::from_slice(&raw).unwrap();
             assert_eq!(on_disk.acquired_at, won[0].body.acquired_at);
         }
+    }
+
+    /// A contender killed between its takeover marker and its delete leaves the marker:
+    /// once it is older than a takeover takes, the next contender removes it and takes
+    /// the lease over.
+    #[tokio::test]
+    async fn a_dead_contenders_takeover_marker_does_not_block_forever() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = warehouse(dir.path());
+        let then = Utc::now() - ChronoDuration::hours(2);
+        let stale = LeaseBody {
+            owner: "elsewhere:1".into(),
+            host: "elsewhere".into(),
+            pid: 1,
+            started: None,
+            acquired_at: then,
+            expires_at: then + ChronoDuration::hours(1),
+        };
+        let key = crate::names::key::lease("job-m");
+        let raw = serde_json::to_vec(&stale).unwrap();
+        wh.loc.put(&key, raw.clone()).await.unwrap();
+        let marker = format!("{key}.takeover-{:016x}", fnv1a(&raw));
+        wh.loc.put(&marker, b"dead".to_vec()).await.unwrap();
+        // A fresh marker: someone is taking over right now.
+        assert!(Lease::acquire(&wh, "job-m", TTL).await.is_err());
+        // An old one (its mtime an hour back): removed, and the lease is taken.
+        let file = dir.path().join(&marker);
+        let old = filetime::FileTime::from_unix_time(Utc::now().timestamp() - 3600, 0);
+        filetime::set_file_mtime(&file, old).unwrap();
+        let l = Lease::acquire(&wh, "job-m", TTL).await.unwrap();
+        assert_eq!(l.body.pid, std::process::id());
     }
 
     /// This process's own stat parses (a command name with spaces and parentheses is

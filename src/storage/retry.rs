@@ -67,7 +67,13 @@ where
         match op().await {
             Err(e) if transient(&e) && attempt + 1 < ATTEMPTS => {
                 tracing::debug!(what, %location, attempt, error = %e, "store call failed; retrying");
-                tokio::time::sleep(backoff(attempt)).await;
+                let wait = backoff(attempt);
+                // delta-rs calls some stores outside a Tokio runtime (see `sink::loglist`).
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    tokio::time::sleep(wait).await;
+                } else {
+                    std::thread::sleep(wait);
+                }
                 attempt += 1;
             }
             r => return r,
@@ -142,9 +148,10 @@ impl ObjectStore for RetryStore {
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
+        // Deletes run 16 at a time (a vacuum deletes thousands), each retried alone.
         let inner = self.inner.clone();
         locations
-            .then(move |l| {
+            .map(move |l| {
                 let inner = inner.clone();
                 async move {
                     let l = l?;
@@ -152,6 +159,7 @@ impl ObjectStore for RetryStore {
                     r.map(|()| l)
                 }
             })
+            .buffered(16)
             .boxed()
     }
 
