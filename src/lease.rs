@@ -261,6 +261,19 @@ mod tests {
 
     const TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
+    /// A lease of another host's process that expired an hour ago.
+    fn expired() -> LeaseBody {
+        let then = Utc::now() - ChronoDuration::hours(2);
+        LeaseBody {
+            owner: "elsewhere:1".into(),
+            host: "elsewhere".into(),
+            pid: 1,
+            started: None,
+            acquired_at: then,
+            expires_at: then + ChronoDuration::hours(1),
+        }
+    }
+
     /// A live holder blocks; the same pid with another start time (a reused pid) and a
     /// zombie (killed, not yet reaped) count as gone, and their leases are taken over.
     #[tokio::test]
@@ -312,15 +325,7 @@ mod tests {
         for round in 0..20 {
             let name = format!("job-r{round}");
             let key = crate::names::key::lease(&name);
-            let then = Utc::now() - ChronoDuration::hours(2);
-            let stale = LeaseBody {
-                owner: "elsewhere:1".into(),
-                host: "elsewhere".into(),
-                pid: 1,
-                started: None,
-                acquired_at: then,
-                expires_at: then + ChronoDuration::hours(1),
-            };
+            let stale = expired();
             wh.loc
                 .put(&key, serde_json::to_vec(&stale).unwrap())
                 .await
@@ -354,15 +359,7 @@ mod tests {
     async fn a_dead_contenders_takeover_marker_does_not_block_forever() {
         let dir = tempfile::tempdir().unwrap();
         let wh = warehouse(dir.path());
-        let then = Utc::now() - ChronoDuration::hours(2);
-        let stale = LeaseBody {
-            owner: "elsewhere:1".into(),
-            host: "elsewhere".into(),
-            pid: 1,
-            started: None,
-            acquired_at: then,
-            expires_at: then + ChronoDuration::hours(1),
-        };
+        let stale = expired();
         let key = crate::names::key::lease("job-m");
         let raw = serde_json::to_vec(&stale).unwrap();
         wh.loc.put(&key, raw.clone()).await.unwrap();
