@@ -28,6 +28,49 @@ fn files_by_mtime(dir: &Path) -> Vec<(PathBuf, i64)> {
     out
 }
 
+/// Processing-time and storage-identity columns, which differ between two replays.
+const SKIP: [&str; 6] = [
+    "_ingested_at",
+    "_updated_at",
+    "_recorded_at",
+    "recorded_at",
+    "detected_at",
+    "e_tag",
+];
+
+/// Every table a replay of the demo writes (late ledgers absent in both compare equal).
+fn replay_tables() -> Vec<String> {
+    let mut tables = vec!["_kestrel/ledger".to_string()];
+    for s in ["clickstream", "orders", "payments", "inventory"] {
+        tables.push(format!("bronze/{s}"));
+        tables.push(format!("quarantine/{s}"));
+    }
+    for j in [
+        "clickstream_5m",
+        "sessions",
+        "revenue_5m",
+        "revenue_1h",
+        "payments_fast",
+        "payment_reconciliation",
+        "stockout",
+    ] {
+        tables.push(format!("late/{j}"));
+    }
+    for t in [
+        "clickstream_5m",
+        "sessions",
+        "revenue_5m",
+        "revenue_1h",
+        "payments_fast",
+        "payment_reconciliation",
+        "stockout_alerts",
+        "sku_availability",
+    ] {
+        tables.push(format!("gold/{t}"));
+    }
+    tables
+}
+
 #[test]
 fn a_replay_under_store_faults_equals_a_clean_replay() {
     // Three hours of demo events, landed in six drops.
@@ -91,36 +134,9 @@ fn a_replay_under_store_faults_equals_a_clean_replay() {
     eprintln!(
         "{injected} faults injected, {retried} retries, {ours} ambiguous creates found ours, {failed_runs} runs failed"
     );
-    let mut tables = vec!["_kestrel/ledger".to_string()];
-    for s in ["clickstream", "orders", "payments", "inventory"] {
-        tables.push(format!("bronze/{s}"));
-        tables.push(format!("quarantine/{s}"));
-    }
-    for j in [
-        "clickstream_5m",
-        "sessions",
-        "revenue_5m",
-        "revenue_1h",
-        "payments_fast",
-        "payment_reconciliation",
-    ] {
-        tables.push(format!("gold/{j}"));
-        tables.push(format!("late/{j}"));
-    }
-    tables.extend([
-        "gold/stockout_alerts".into(),
-        "gold/sku_availability".into(),
-    ]);
-    let skip = [
-        "_ingested_at",
-        "_updated_at",
-        "_recorded_at",
-        "recorded_at",
-        "detected_at",
-        "e_tag",
-    ];
+    let tables = replay_tables();
     for t in &tables {
-        assert_eq!(faulty.snapshot(t, &skip), clean.snapshot(t, &skip), "{t}");
+        assert_eq!(faulty.snapshot(t, &SKIP), clean.snapshot(t, &SKIP), "{t}");
     }
     // Each batch's counts are the same, and no event was counted twice.
     let runs = "SELECT kind, name, batch_id, rows_in, rows_written, duplicates, quarantined, \
@@ -212,34 +228,8 @@ fn a_full_disk_fails_cleanly_and_the_next_run_completes() {
     // Space again: the next run completes, and equals the run that had room.
     std::fs::remove_file(&filler).unwrap();
     env.run_ok(&["run"], 0);
-    let skip = [
-        "_ingested_at",
-        "_updated_at",
-        "_recorded_at",
-        "recorded_at",
-        "detected_at",
-        "e_tag",
-    ];
-    let mut tables = vec!["_kestrel/ledger".to_string()];
-    for s in ["clickstream", "orders", "payments", "inventory"] {
-        tables.push(format!("bronze/{s}"));
-        tables.push(format!("quarantine/{s}"));
-    }
-    for j in [
-        "clickstream_5m",
-        "sessions",
-        "revenue_5m",
-        "revenue_1h",
-        "payments_fast",
-    ] {
-        tables.push(format!("gold/{j}"));
-    }
-    tables.extend([
-        "gold/payment_reconciliation".into(),
-        "gold/stockout_alerts".into(),
-        "gold/sku_availability".into(),
-    ]);
+    let tables = replay_tables();
     for t in &tables {
-        assert_eq!(env.snapshot(t, &skip), clean.snapshot(t, &skip), "{t}");
+        assert_eq!(env.snapshot(t, &SKIP), clean.snapshot(t, &SKIP), "{t}");
     }
 }
