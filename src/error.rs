@@ -130,6 +130,10 @@ pub enum Error {
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
 
+    /// A run of the daemon panicked (a bug, reported as that run's failure).
+    #[error("{what} panicked: {message}")]
+    Panicked { what: String, message: String },
+
     /// A background task (a file's decoder) panicked or was cancelled.
     #[error("{what}: {source}")]
     Task {

@@ -78,6 +78,9 @@ pub struct MaintainOptions {
     pub no_compact: bool,
     /// Skip vacuum.
     pub no_vacuum: bool,
+    /// Checked between tables: once stopped, the remaining tables are left for the next
+    /// slot (the daemon's shutdown).
+    pub stop: Option<crate::runner::StopFlag>,
 }
 
 impl MaintainOptions {
@@ -90,6 +93,7 @@ impl MaintainOptions {
             lease_ttl: cfg.ingest.lease_ttl,
             no_compact: false,
             no_vacuum: false,
+            stop: None,
         }
     }
 }
@@ -154,7 +158,9 @@ pub async fn run(
             table: t.table.clone(),
             ..Default::default()
         };
-        if let Some(owner) = &t.streamed_by {
+        if opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+            r.skipped = Some("stopping; next slot".into());
+        } else if let Some(owner) = &t.streamed_by {
             r.skipped = Some(format!("maintained by its running stream ({owner})"));
         } else {
             let lease = match &t.lease {

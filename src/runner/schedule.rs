@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tracing::{error, info, warn};
 
@@ -151,6 +152,17 @@ pub struct Daemon {
     report: Box<dyn Fn(Event) + Send + Sync>,
 }
 
+/// The text of a panic's payload (`panic!` with a message gives a `&str` or `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 fn log_table(t: &maintain::TableReport) {
     info!(table = %t.table, files_before = t.files_before, files_after = t.files_after, "maintained");
 }
@@ -262,9 +274,14 @@ impl Daemon {
             }));
             local
         });
-        // Cron ticks only post the task; runs are spawned on a LocalSet on this thread
-        // (job futures borrow across awaits and are not `Send`; DataFusion still runs
-        // its partitions on the runtime's worker threads).
+        // Cron ticks only post the task; each run gets a thread of the blocking pool and
+        // drives its future there with `Handle::block_on` (job futures borrow across
+        // awaits and are not `Send`; DataFusion still runs its partitions on the
+        // runtime's worker threads). Not a `LocalSet`: inside one, delta-rs' checkpoint
+        // (delta-kernel reads the log with `block_in_place`) panics with "can call
+        // blocking only when running on the multi-threaded runtime" — every tenth
+        // commit of a table, which killed that run and left its task "still going"
+        // for ever.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Task>();
         let mut sched = JobScheduler::new()
             .await
@@ -298,51 +315,51 @@ impl Daemon {
         });
 
         let ttl = self.opts.config.lease_ttl;
-        let local = tokio::task::LocalSet::new();
-        let lost = local
-            .run_until(async {
-                // Renew the lease until told to stop; losing it stops the daemon.
-                let mut last_renew = Instant::now();
-                let mut lost = None;
-                while !self.stop.stopped() {
-                    tokio::select! {
-                        Some(task) = rx.recv() => {
-                            tokio::task::spawn_local(self.clone().tick(task));
-                        }
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        let handle = tokio::runtime::Handle::current();
+        let lost = async {
+            // Renew the lease until told to stop; losing it stops the daemon.
+            let mut last_renew = Instant::now();
+            let mut lost = None;
+            while !self.stop.stopped() {
+                tokio::select! {
+                    Some(task) = rx.recv() => {
+                        let (d, handle) = (self.clone(), handle.clone());
+                        tokio::task::spawn_blocking(move || handle.block_on(d.tick(task)));
                     }
-                    if last_renew.elapsed() >= ttl / 3 {
-                        if let Err(e) = lease.renew(ttl).await {
-                            error!(error = %e, "scheduler lease lost; stopping");
-                            lost = Some(e);
-                            self.stop.stop();
-                            break;
-                        }
-                        last_renew = Instant::now();
-                    }
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
-                // Runs in progress finish their batch; keep the lease alive meanwhile.
-                let mut announced = false;
-                loop {
-                    let running: Vec<String> = self.running().iter().cloned().collect();
-                    if running.is_empty() {
+                if last_renew.elapsed() >= ttl / 3 {
+                    if let Err(e) = lease.renew(ttl).await {
+                        error!(error = %e, "scheduler lease lost; stopping");
+                        lost = Some(e);
+                        self.stop.stop();
                         break;
                     }
-                    if !announced {
-                        (self.report)(Event::Stopping { running });
-                        announced = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    if lost.is_none()
-                        && last_renew.elapsed() >= ttl / 3
-                        && lease.renew(ttl).await.is_ok()
-                    {
-                        last_renew = Instant::now();
-                    }
+                    last_renew = Instant::now();
                 }
-                lost
-            })
-            .await;
+            }
+            // Runs in progress finish their batch; keep the lease alive meanwhile.
+            let mut announced = false;
+            loop {
+                let running: Vec<String> = self.running().iter().cloned().collect();
+                if running.is_empty() {
+                    break;
+                }
+                if !announced {
+                    (self.report)(Event::Stopping { running });
+                    announced = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if lost.is_none()
+                    && last_renew.elapsed() >= ttl / 3
+                    && lease.renew(ttl).await.is_ok()
+                {
+                    last_renew = Instant::now();
+                }
+            }
+            lost
+        }
+        .await;
         let _ = sched.shutdown().await;
         self.lease_held.store(false, Ordering::SeqCst);
         if lost.is_none() {
@@ -383,7 +400,17 @@ impl Daemon {
             return;
         }
         let t0 = Instant::now();
-        let result = self.execute(&task).await;
+        // A panic in a run is that run's failure, reported like any other; the task
+        // must not stay "still going" for ever.
+        let result = std::panic::AssertUnwindSafe(self.execute(&task))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Err(Error::Panicked {
+                    what: name.clone(),
+                    message: panic_message(panic.as_ref()),
+                })
+            });
         self.running().remove(&name);
         let (outcome, summary) = match result {
             Ok(s) => (Outcome::Ok, s),
@@ -439,6 +466,10 @@ impl Daemon {
                 continue;
             };
             let _guard = lock.lock().await;
+            // Stopped while waiting for the lock: the next daemon ingests it.
+            if self.stop.stopped() {
+                continue;
+            }
             match self.ing.ingest_source(s).await {
                 Ok(r) => {
                     self.metrics.ingested(&r.batches);
@@ -476,6 +507,9 @@ impl Daemon {
                     return Ok(format!("left to the running stream ({owner})"));
                 }
                 let (files, _, _) = self.ingest(&spec.sources).await?;
+                if self.stop.stopped() {
+                    return Ok("stopping: left for the next run".into());
+                }
                 let r = self.runner.run_job(spec).await?;
                 self.metrics.job_batches(&r.batches);
                 let w = r.watermark.map_or("-".into(), crate::time::iso);
@@ -491,6 +525,7 @@ impl Daemon {
             Task::Maintain => {
                 let mut opts = self.opts.maintain.clone();
                 opts.today = maintain::today();
+                opts.stop = Some(self.stop.clone());
                 let r = maintain::run(
                     self.ing.warehouse(),
                     &self.sources,

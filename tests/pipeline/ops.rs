@@ -206,14 +206,14 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 }
 
 /// A `kestrel schedule` process whose output lines are collected as they come.
-struct Daemon {
-    child: std::process::Child,
+pub(crate) struct Daemon {
+    pub(crate) child: std::process::Child,
     rx: std::sync::mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 impl Daemon {
-    fn start(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Daemon {
+    pub(crate) fn start(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Daemon {
         let mut c = std::process::Command::new(BIN);
         c.arg("--config")
             .arg(env.path().join("kestrel.toml"))
@@ -252,7 +252,7 @@ impl Daemon {
     }
 
     /// The first line (from now on, or already seen) containing `pat`.
-    fn wait_for(&mut self, pat: &str) -> String {
+    pub(crate) fn wait_for(&mut self, pat: &str) -> String {
         if let Some(l) = self.seen.iter().find(|l| l.contains(pat)) {
             return l.clone();
         }
@@ -271,15 +271,48 @@ impl Daemon {
         }
     }
 
-    fn signal(&self, sig: i32) {
+    /// Wait until `n` lines containing `pat` have been seen.
+    pub(crate) fn wait_for_count(&mut self, pat: &str, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        while self.seen.iter().filter(|l| l.contains(pat)).count() < n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!(
+                    "not {n} lines with {pat:?}; output:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         unsafe {
             libc::kill(self.child.id() as i32, sig);
         }
     }
 
+    /// Wait up to `limit` for exit, else kill it and panic with its output; returns the
+    /// exit code and every line.
+    pub(crate) fn finish_within(mut self, limit: std::time::Duration) -> (Option<i32>, String) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let (_, out) = self.finish();
+                panic!("kestrel schedule did not stop within {limit:?}:\n{out}");
+            }
+            while let Ok(l) = self.rx.try_recv() {
+                self.seen.push(l);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        self.finish()
+    }
+
     /// Wait for exit; returns the exit code and every line.
-    fn finish(mut self) -> (Option<i32>, String) {
+    pub(crate) fn finish(mut self) -> (Option<i32>, String) {
         let status = self.child.wait().unwrap();
         while let Ok(l) = self.rx.recv_timeout(std::time::Duration::from_secs(2)) {
             self.seen.push(l);
@@ -307,6 +340,64 @@ fn every_second(env: &Env) {
         .join("\n");
     std::fs::create_dir_all(env.path().join("jobs")).unwrap();
     std::fs::write(env.path().join("jobs/revenue_5m.toml"), text).unwrap();
+}
+
+/// Every tenth commit of a table writes a Delta checkpoint, and maintenance checkpoints
+/// every table. Inside the daemon's runs both panicked (delta-kernel reads the log with
+/// `block_in_place`, which a `LocalSet` does not allow): the run died, its task stayed
+/// "still going" for ever, every later tick was skipped and SIGTERM waited for ever.
+/// Now the runs complete, the checkpoints are there and SIGTERM stops the daemon.
+#[test]
+fn the_daemon_checkpoints_and_maintains_its_tables_and_stops() {
+    let env = Env::with_config(
+        "[ingest]\nmax_files_per_batch = 1\n\
+         [schedule]\ningest = \"* * * * * *\"\nmaintenance = \"*/3 * * * * *\"\n",
+    );
+    every_second(&env);
+    for k in 0..12 {
+        let o = order(
+            &format!("o{k}"),
+            T0 + 60 * k,
+            &format!("ord-{k}"),
+            "A",
+            1,
+            100,
+        );
+        env.land(
+            &format!("orders/f{k:02}.ndjson"),
+            &lines(&[o]),
+            T0 + 100 + k,
+        );
+    }
+    let mut d = Daemon::start(&env, &[], &[]);
+    d.wait_for("ingest: ok");
+    d.wait_for("maintenance: ok");
+    let log = env.warehouse().join("bronze/orders/_delta_log");
+    let names: Vec<String> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with(".checkpoint.parquet")),
+        "bronze/orders has no checkpoint: {names:?}"
+    );
+    // Runs still come after the checkpoints and maintenance: two more of each.
+    for pat in ["revenue_5m: ok", "maintenance: ok"] {
+        let n = d.seen.iter().filter(|l| l.contains(pat)).count();
+        d.wait_for_count(pat, n + 2);
+    }
+    d.signal(libc::SIGTERM);
+    let (code, out) = d.finish_within(std::time::Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        !out.contains("panicked") && !out.contains("FAILED"),
+        "{out}"
+    );
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 12);
+    assert_eq!(
+        env.count("gold/revenue_5m", "SELECT sum(orders) FROM t"),
+        12
+    );
 }
 
 fn http_get(addr: &str, path: &str) -> (u16, String) {
