@@ -351,9 +351,16 @@ impl Ingestor {
             batches: Vec::new(),
         };
         let mut full_scan_done = false;
+        // What had landed when this ingestion started; files landing meanwhile are the
+        // next run's (as Spark's `Trigger.AvailableNow`), so a run ends — and its jobs
+        // run — even while producers land faster than it ingests.
+        let mut pending_at_start: Option<HashSet<String>> = None;
         // Under the source's lease no other writer completes its batches.
         let mut last = runlog::last_batch(&self.wh, "ingest", source).await?;
         loop {
+            if pending_at_start.as_ref().is_some_and(|p| p.is_empty()) {
+                break;
+            }
             if !report.batches.is_empty() {
                 if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
                     info!(source, "stopping between batches");
@@ -375,8 +382,9 @@ impl Ingestor {
                 None => {
                     let force_full = self.opts.full_scan && !full_scan_done;
                     match self.plan_next(source, last, n, force_full).await? {
-                        Some(p) => {
+                        Some((p, pending)) => {
                             full_scan_done |= p.full_scan;
+                            pending_at_start.get_or_insert(pending);
                             p
                         }
                         None => break,
@@ -384,21 +392,29 @@ impl Ingestor {
                 }
             };
             fault::point("after_plan");
+            fault::pause("ingest_after_plan").await;
             let entry = self.execute(&plan, schema).await?;
+            if let Some(pending) = &mut pending_at_start {
+                for f in &plan.files {
+                    pending.remove(&f.file.path);
+                }
+            }
             report.batches.push(entry);
             last = n;
         }
         Ok(report)
     }
 
-    /// Discover new files and durably plan batch `n`; None when nothing is new.
+    /// Discover new files and durably plan batch `n`, with the paths of every file the
+    /// listing found to do (this batch's and those left for later); None when nothing
+    /// is new.
     async fn plan_next(
         &self,
         source: &str,
         last: i64,
         n: i64,
         force_full: bool,
-    ) -> Result<Option<Plan>> {
+    ) -> Result<Option<(Plan, HashSet<String>)>> {
         let prev = if last > 0 {
             ledger::read_plan(&self.wh, source, last).await?
         } else {
@@ -437,6 +453,11 @@ impl Ingestor {
         if new_files.is_empty() && changed.is_empty() {
             return Ok(None);
         }
+        let pending: HashSet<String> = new_files
+            .iter()
+            .map(|f| f.path.clone())
+            .chain(changed.iter().map(|f| f.file.path.clone()))
+            .collect();
         // Processing order: arrival time, then path.
         new_files.sort_by(|a, b| (a.landed_at_us, &a.path).cmp(&(b.landed_at_us, &b.path)));
         let (max_files, max_bytes) = (
@@ -490,7 +511,7 @@ impl Ingestor {
             full_scan = full,
             "planned batch"
         );
-        Ok(Some(durable))
+        Ok(Some((durable, pending)))
     }
 
     /// Execute a plan (first time or after a crash).

@@ -627,6 +627,48 @@ fn demo_then_run_and_independent_readers_agree() {
     }
 }
 
+/// A run ingests what had landed when it started, in as many batches as that takes;
+/// a file landing meanwhile is the next run's — so a run ends (and its jobs run) even
+/// while producers land files faster than it ingests them.
+#[test]
+fn a_run_ingests_what_had_landed_when_it_started() {
+    let env = Env::with_config("[ingest]\nmax_files_per_batch = 1\n");
+    for k in 0..2 {
+        let o = order(&format!("e{k}"), T0 + k, &format!("o{k}"), "A", 1, 100);
+        env.land(&format!("orders/f{k}.ndjson"), &lines(&[o]), T0 + 10 + k);
+    }
+    let child = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(env.path().join("kestrel.toml"))
+        .args(["run", "--source", "orders"])
+        .env_remove("KESTREL_FAULT")
+        .env("KESTREL_DELAY", "ingest_after_plan:4000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Lands while the run's first batch is planned and paused.
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let o = order("e2", T0 + 2, "o2", "A", 1, 100);
+    env.land("orders/f2.ndjson", &lines(&[o]), T0 + 12);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let q = "SELECT count(*) FROM t WHERE kind = 'ingest'";
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 2);
+    assert_eq!(
+        env.count("_kestrel/runs", q),
+        2,
+        "one batch per file landed before"
+    );
+    env.run_ok(&["run", "--source", "orders"], 0);
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 3);
+    assert_eq!(env.count("_kestrel/runs", q), 3);
+}
+
 /// Two `kestrel run`s started together on one warehouse: the lease lets one ingest and
 /// turns the other away (or it finds nothing left); bronze holds every event once.
 #[test]
