@@ -107,40 +107,7 @@ impl Env {
 
     /// Rows of a table as sorted strings, without the named columns; empty if no table.
     pub fn snapshot(&self, table: &str, exclude: &[&str]) -> Vec<String> {
-        rt().block_on(async {
-            let wh = self.wh();
-            let Some(t) = wh.open(table).await.unwrap() else {
-                return Vec::new();
-            };
-            let ctx = delta::session_with(&t, "t").await.unwrap();
-            let batches = delta::sql(&ctx, "SELECT * FROM t").await.unwrap();
-            let mut rows = Vec::new();
-            let opts = FormatOptions::default().with_null("∅");
-            for b in &batches {
-                let schema = b.schema();
-                let cols: Vec<(String, ArrayFormatter)> = schema
-                    .fields()
-                    .iter()
-                    .zip(b.columns())
-                    .filter(|(f, _)| !exclude.contains(&f.name().as_str()))
-                    .map(|(f, c)| {
-                        (
-                            f.name().clone(),
-                            ArrayFormatter::try_new(c.as_ref(), &opts).unwrap(),
-                        )
-                    })
-                    .collect();
-                for i in 0..b.num_rows() {
-                    let mut s = String::new();
-                    for (name, f) in &cols {
-                        s.push_str(&format!("{name}={}|", f.value(i)));
-                    }
-                    rows.push(s);
-                }
-            }
-            rows.sort();
-            rows
-        })
+        snapshot_of(&self.wh(), table, exclude)
     }
 
     /// One SQL query against one table (registered as `t`), results as strings.
@@ -180,6 +147,44 @@ impl Env {
                 .and_then(|t| t.version())
         })
     }
+}
+
+/// Rows of a table of `wh` (local or S3) as sorted strings, without the named columns;
+/// empty if no table.
+pub fn snapshot_of(wh: &Warehouse, table: &str, exclude: &[&str]) -> Vec<String> {
+    rt().block_on(async {
+        let Some(t) = wh.open(table).await.unwrap() else {
+            return Vec::new();
+        };
+        let ctx = delta::session_with(&t, "t").await.unwrap();
+        let batches = delta::sql(&ctx, "SELECT * FROM t").await.unwrap();
+        let mut rows = Vec::new();
+        let opts = FormatOptions::default().with_null("∅");
+        for b in &batches {
+            let schema = b.schema();
+            let cols: Vec<(String, ArrayFormatter)> = schema
+                .fields()
+                .iter()
+                .zip(b.columns())
+                .filter(|(f, _)| !exclude.contains(&f.name().as_str()))
+                .map(|(f, c)| {
+                    (
+                        f.name().clone(),
+                        ArrayFormatter::try_new(c.as_ref(), &opts).unwrap(),
+                    )
+                })
+                .collect();
+            for i in 0..b.num_rows() {
+                let mut s = String::new();
+                for (name, f) in &cols {
+                    s.push_str(&format!("{name}={}|", f.value(i)));
+                }
+                rows.push(s);
+            }
+        }
+        rows.sort();
+        rows
+    })
 }
 
 pub fn rt() -> tokio::runtime::Runtime {

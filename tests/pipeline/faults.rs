@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::common::*;
 
 /// Every file under `dir`, with its mtime, oldest first.
-fn files_by_mtime(dir: &Path) -> Vec<(PathBuf, i64)> {
+pub(crate) fn files_by_mtime(dir: &Path) -> Vec<(PathBuf, i64)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -29,7 +29,7 @@ fn files_by_mtime(dir: &Path) -> Vec<(PathBuf, i64)> {
 }
 
 /// Processing-time and storage-identity columns, which differ between two replays.
-const SKIP: [&str; 6] = [
+pub(crate) const SKIP: [&str; 6] = [
     "_ingested_at",
     "_updated_at",
     "_recorded_at",
@@ -39,7 +39,7 @@ const SKIP: [&str; 6] = [
 ];
 
 /// Every table a replay of the demo writes (late ledgers absent in both compare equal).
-fn replay_tables() -> Vec<String> {
+pub(crate) fn replay_tables() -> Vec<String> {
     let mut tables = vec!["_kestrel/ledger".to_string()];
     for s in ["clickstream", "orders", "payments", "inventory"] {
         tables.push(format!("bronze/{s}"));

@@ -12,3 +12,4 @@ mod payments;
 mod s3;
 mod select;
 mod stockout;
+mod writers;

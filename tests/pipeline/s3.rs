@@ -12,9 +12,18 @@ use kestrel::storage::Location;
 use crate::common::*;
 use crate::ingest::fixture_files;
 
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
-    endpoint: String,
+    pub(crate) endpoint: String,
+    /// moto's request log (werkzeug writes one line per request to stderr).
+    log: tempfile::NamedTempFile,
+}
+
+impl Moto {
+    /// The request log so far: `… "PUT /bucket/key HTTP/1.1" 412 -` per request.
+    pub(crate) fn requests(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
 }
 
 impl Drop for Moto {
@@ -26,7 +35,7 @@ impl Drop for Moto {
 
 /// Start moto on a free loopback port; None (with a message) outside CI when the Python
 /// with moto that `.ci/run` installs is not available.
-fn start_moto() -> Option<Moto> {
+pub(crate) fn start_moto() -> Option<Moto> {
     let python = match std::env::var("KESTREL_PYTHON") {
         Ok(p) if !p.is_empty() => p,
         _ => {
@@ -43,6 +52,7 @@ fn start_moto() -> Option<Moto> {
         .local_addr()
         .unwrap()
         .port();
+    let log = tempfile::NamedTempFile::new().unwrap();
     let child = Command::new(&python)
         .args([
             "-m",
@@ -53,12 +63,13 @@ fn start_moto() -> Option<Moto> {
             &port.to_string(),
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log.reopen().unwrap())
         .spawn()
         .expect("start moto (pip install 'moto[s3]' flask flask-cors)");
     let moto = Moto {
         child,
         endpoint: format!("http://127.0.0.1:{port}"),
+        log,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -77,7 +88,7 @@ fn start_moto() -> Option<Moto> {
 }
 
 /// Run a Python snippet; its stdout.
-fn run_python(python: &str, script: &str) -> String {
+pub(crate) fn run_python(python: &str, script: &str) -> String {
     let out = Command::new(python).args(["-c", script]).output().unwrap();
     assert!(
         out.status.success(),
@@ -87,7 +98,7 @@ fn run_python(python: &str, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn options(endpoint: &str) -> BTreeMap<String, String> {
+pub(crate) fn options(endpoint: &str) -> BTreeMap<String, String> {
     [
         ("aws_endpoint", endpoint),
         ("aws_access_key_id", "test"),
