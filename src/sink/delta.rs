@@ -266,6 +266,11 @@ impl Warehouse {
                 Some(format!("interval {} seconds", self.tombstones.as_secs())),
             )
             .with_save_mode(SaveMode::Ignore)
+            // A create that finds version 0 taken must fail (and open the winner's
+            // table below), not be retried: delta-rs would commit it again as a second
+            // metadata action at a later version, and every concurrent writer that read
+            // the first one would then fail with "Metadata changed since last commit".
+            .with_commit_properties(commit_props().with_max_retries(0))
             .await;
         match created {
             Ok(t) => {
@@ -823,6 +828,50 @@ mod tests {
             shown.contains("file:///") && !shown.contains(LOCAL_TABLE_SCHEME),
             "{shown}"
         );
+    }
+
+    /// Writers (`run`, the daemon, a backfill) racing to create one table: the losers
+    /// open the winner's table. delta-rs would otherwise retry a lost create as a second
+    /// metadata commit (version 1), and every writer that read version 0 then failed
+    /// with "Metadata changed since last commit" (seen on S3 in the concurrent-writers
+    /// test, on the ledger).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writers_racing_to_create_a_table_leave_one_create_and_all_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let writers: Vec<_> = (0..8i64)
+            .map(|i| {
+                let (path, schema) = (dir.path().to_path_buf(), schema.clone());
+                tokio::spawn(async move {
+                    let loc =
+                        Location::open(path.to_str().unwrap(), &Default::default(), true).unwrap();
+                    let wh = Warehouse::new(loc);
+                    let t = wh.open_or_create("race/t", &schema, &[]).await.unwrap();
+                    let rows = vec![Arc::new(Int64Array::from(vec![i])) as _];
+                    let b = RecordBatch::try_new(schema.clone(), rows).unwrap();
+                    append(t, vec![b], &[], &format!("writer-{i}"), 1)
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+        let log = dir.path().join("race/t/_delta_log");
+        let mut creates = Vec::new();
+        for e in std::fs::read_dir(&log).unwrap() {
+            let p = e.unwrap().path();
+            let json = p.extension().is_some_and(|x| x == "json");
+            if json
+                && std::fs::read_to_string(&p)
+                    .unwrap()
+                    .contains("\"metaData\"")
+            {
+                creates.push(p.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+        assert_eq!(creates, vec!["00000000000000000000.json".to_string()]);
     }
 
     #[tokio::test]
