@@ -218,11 +218,13 @@ impl JobRunner {
             ingested.insert(s.clone(), runlog::last_batch(&self.wh, "ingest", s).await?);
         }
         loop {
+            // Stopped (also before the first batch: one that has not started is not
+            // running, and the next run does it).
+            if self.stop.as_ref().is_some_and(|s| s.stopped()) {
+                info!(job = %spec.name, "stopping between batches");
+                break;
+            }
             if !report.batches.is_empty() {
-                if self.stop.as_ref().is_some_and(|s| s.stopped()) {
-                    info!(job = %spec.name, "stopping between batches");
-                    break;
-                }
                 lease.renew(self.lease_ttl).await?;
             }
             let n = done + 1;

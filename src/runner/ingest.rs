@@ -361,11 +361,13 @@ impl Ingestor {
             if pending_at_start.as_ref().is_some_and(|p| p.is_empty()) {
                 break;
             }
+            // Stopped (also before the first batch: one that has not started is not
+            // running, and the next run does it).
+            if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+                info!(source, "stopping between batches");
+                break;
+            }
             if !report.batches.is_empty() {
-                if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
-                    info!(source, "stopping between batches");
-                    break;
-                }
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
             }
             let n = last + 1;
