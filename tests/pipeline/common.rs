@@ -58,6 +58,7 @@ impl Env {
             .arg(self.path().join("kestrel.toml"))
             .args(args);
         c.env_remove("KESTREL_FAULT")
+            .env_remove("KESTREL_STORE_FAULTS")
             .env_remove("KESTREL_LANDING")
             .env_remove("KESTREL_WAREHOUSE");
         for (k, v) in env {
@@ -185,6 +186,28 @@ pub fn snapshot_of(wh: &Warehouse, table: &str, exclude: &[&str]) -> Vec<String>
         rows.sort();
         rows
     })
+}
+
+/// Write the shipped job definition `file` (e.g. `revenue_5m.toml`) into `dir` with its
+/// `schedule` replaced by `cron`.
+pub fn shipped_job_on(dir: &Path, file: &str, cron: &str) {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("jobs")
+        .join(file);
+    let text: String = std::fs::read_to_string(shipped)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.starts_with("schedule") {
+                format!("schedule = \"{cron}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(file), text).unwrap();
 }
 
 pub fn rt() -> tokio::runtime::Runtime {

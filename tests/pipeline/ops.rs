@@ -326,20 +326,7 @@ const QUIET: &str = "[schedule]\ningest = \"0 0 0 1 1 *\"\nmaintenance = \"0 0 0
 
 /// revenue_5m every second, so a batch that takes longer overlaps the next tick.
 fn every_second(env: &Env) {
-    let shipped = include_str!("../../jobs/revenue_5m.toml");
-    let text: String = shipped
-        .lines()
-        .map(|l| {
-            if l.starts_with("schedule") {
-                "schedule = \"* * * * * *\"".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::create_dir_all(env.path().join("jobs")).unwrap();
-    std::fs::write(env.path().join("jobs/revenue_5m.toml"), text).unwrap();
+    shipped_job_on(&env.path().join("jobs"), "revenue_5m.toml", "* * * * * *");
 }
 
 /// Every tenth commit of a table writes a Delta checkpoint, and maintenance checkpoints

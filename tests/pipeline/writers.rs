@@ -7,7 +7,6 @@
 //! the commits it refused with 412 (another writer had taken that version).
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,39 +25,22 @@ const LANDING: Duration = Duration::from_secs(60);
 /// In this many drops.
 const DROPS: u32 = 12;
 
-/// The shipped job definitions with `schedule` replaced by `cron`.
+/// Every shipped job definition with `schedule` replaced by `cron`.
 fn jobs_every(dir: &std::path::Path, cron: &str) {
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs");
-    std::fs::create_dir_all(dir).unwrap();
     for e in std::fs::read_dir(shipped).unwrap() {
-        let p = e.unwrap().path();
-        let text: String = std::fs::read_to_string(&p)
-            .unwrap()
-            .lines()
-            .map(|l| {
-                if l.starts_with("schedule") {
-                    format!("schedule = \"{cron}\"")
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(dir.join(p.file_name().unwrap()), text).unwrap();
+        let name = e.unwrap().file_name();
+        shipped_job_on(dir, &name.to_string_lossy(), cron);
     }
 }
 
-/// A kestrel command for `env`'s config, with the log levels that show retries.
-fn kestrel_cmd(env: &Env, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--config")
-        .arg(env.path().join("kestrel.toml"))
-        .args(args)
-        .env_remove("KESTREL_FAULT")
-        .env_remove("KESTREL_STORE_FAULTS")
-        .env("RUST_LOG", "warn,kestrel::storage=info");
-    c
+/// A kestrel command's output, with the log levels that show retries.
+fn kestrel_logged(env: &Env, args: &[&str]) -> std::process::Output {
+    env.kestrel_env(args, &[("RUST_LOG", LOG)])
 }
+
+/// The log levels of every writer: warnings, and the store layer's retries.
+const LOG: &str = "warn,kestrel::storage=info";
 
 /// Every process's outcome: (what, exit code, stderr) of the ones that failed, and the
 /// retry lines seen.
@@ -162,7 +144,7 @@ fn concurrent_writers_on_s3_equal_one_clean_writer() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
-    let mut daemon = Daemon::start(&soak, &[], &[("RUST_LOG", "warn,kestrel::storage=info")]);
+    let mut daemon = Daemon::start(&soak, &[], &[("RUST_LOG", LOG)]);
     daemon.wait_for("started;");
     let started = Instant::now();
     let landing = soak.landing();
@@ -192,7 +174,7 @@ fn concurrent_writers_on_s3_equal_one_clean_writer() {
             s.spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    let out = kestrel_cmd(soak, &["run"]).output().unwrap();
+                    let out = kestrel_logged(soak, &["run"]);
                     outcomes
                         .lock()
                         .unwrap()
@@ -221,7 +203,7 @@ fn concurrent_writers_on_s3_equal_one_clean_writer() {
                 let job = jobs[k % jobs.len()];
                 let args = ["backfill", "--job", job, "--from", &from, "--to", &to];
                 let t = Instant::now();
-                let out = kestrel_cmd(soak2, &args).output().unwrap();
+                let out = kestrel_logged(soak2, &args);
                 outcomes2
                     .lock()
                     .unwrap()
@@ -244,7 +226,7 @@ fn concurrent_writers_on_s3_equal_one_clean_writer() {
 
     // Whatever the writers left is finished by one more run.
     let t = Instant::now();
-    let out = kestrel_cmd(&soak, &["run"]).output().unwrap();
+    let out = kestrel_logged(&soak, &["run"]);
     let mut o = outcomes.lock().unwrap();
     o.record("final run", &out, t.elapsed());
     assert!(o.failures.is_empty(), "{}", o.failures.join("\n\n"));
