@@ -110,7 +110,8 @@ fn raw_decode(files: &[PathBuf]) -> usize {
 }
 
 fn main() {
-    // RUST_LOG=kestrel=info shows per-batch phase timings.
+    kestrel::alloc::tune(); // as the kestrel binary runs
+                            // RUST_LOG=kestrel=info shows per-batch phase timings.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

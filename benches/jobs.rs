@@ -650,6 +650,7 @@ async fn dedup_memory() {
 }
 
 fn main() {
+    kestrel::alloc::tune(); // as the kestrel binary runs
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

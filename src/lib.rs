@@ -3,6 +3,7 @@
 //! Data flows one way: landing → [`source`] → bronze → jobs → [`sink`] → gold. The
 //! [`runner`] decides when; `main.rs` only parses the command line and calls in here.
 
+pub mod alloc;
 pub mod app;
 pub mod columns;
 pub mod config;

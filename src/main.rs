@@ -27,6 +27,7 @@ fn init_tracing(verbose: u8) {
 }
 
 fn main() -> ExitCode {
+    kestrel::alloc::tune();
     let cli = cli::Cli::parse();
     init_tracing(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -43,6 +43,7 @@ use crate::sink::quarantine::{self, QuarantineBuilder};
 use crate::source::decode::{decode_file, Decoded, Rejected};
 use crate::source::dedup::{id_hash, DedupSet};
 use crate::source::discover::{self, LandedFile};
+use crate::source::read;
 use crate::source::validate::FileContext;
 use crate::storage::Location;
 
@@ -396,6 +397,7 @@ impl Ingestor {
             fault::point("after_plan");
             fault::pause("ingest_after_plan").await;
             let entry = self.execute(&plan, schema).await?;
+            fault::pause("ingest_after_batch").await;
             if let Some(pending) = &mut pending_at_start {
                 for f in &plan.files {
                     pending.remove(&f.file.path);
@@ -755,16 +757,30 @@ impl Ingestor {
                     ingested_at_us: ingested_at,
                 };
                 let format = f.format;
-                let decoded = match self.read_landed(f).await? {
-                    Ok(bytes) => tokio::task::spawn_blocking(move || {
-                        decode_file(bytes, format, &schema, &ctx)
+                let what = || format!("decoder for {}", f.path);
+                let decoded = if read::streams(format, f.size) {
+                    let landed = read::Landed {
+                        store: self.landing.store.clone(),
+                        path: self.landing.path(&f.path),
+                        size: f.size,
+                        e_tag: f.e_tag.clone(),
+                        display: self.landing.display(&f.path),
+                    };
+                    let handle = tokio::runtime::Handle::current();
+                    on_blocking_thread(what, move || {
+                        read::decode_in_ranges(landed, format, &schema, &ctx, &handle)
                     })
-                    .await
-                    .map_err(|source| Error::Task {
-                        what: format!("decoder for {}", pf.file.path),
-                        source,
-                    })??,
-                    Err(reason) => Decoded::FileRejected { reason },
+                    .await?
+                } else {
+                    match self.read_landed(f).await? {
+                        Ok(bytes) => {
+                            on_blocking_thread(what, move || {
+                                decode_file(bytes, format, &schema, &ctx)
+                            })
+                            .await?
+                        }
+                        Err(reason) => Decoded::FileRejected { reason },
+                    }
                 };
                 bar.inc(1);
                 Ok::<_, Error>(Some(decoded))
@@ -802,6 +818,19 @@ impl Ingestor {
             Err(e) => Err(Error::storage(self.landing.display(&f.path), e)),
         }
     }
+}
+
+/// Run CPU-bound work (decoding a file) on tokio's blocking pool.
+async fn on_blocking_thread<T: Send + 'static>(
+    what: impl FnOnce() -> String,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|source| Error::Task {
+            what: what(),
+            source,
+        })?
 }
 
 fn progress(len: u64, label: &str) -> ProgressBar {

@@ -49,8 +49,9 @@ pub enum Decoded {
     FileRejected { reason: String },
 }
 
-/// A gzip file that decompresses to more than this is rejected whole (a file is decoded
-/// in memory; a small file can decompress to many gigabytes).
+/// A gzip file that decompresses to more than this is rejected whole: its rows are held
+/// in memory until the file is committed, and a small file can decompress to many
+/// gigabytes.
 pub const MAX_GUNZIPPED_BYTES: u64 = 2 << 30;
 
 /// Decode one file's bytes.
@@ -62,10 +63,7 @@ pub fn decode_file(
 ) -> Result<Decoded> {
     match format {
         Format::Ndjson => decode_ndjson(&bytes, schema, ctx),
-        Format::NdjsonGz => match gunzip(&bytes, MAX_GUNZIPPED_BYTES) {
-            Ok(out) => decode_ndjson(&out, schema, ctx),
-            Err(reason) => Ok(Decoded::FileRejected { reason }),
-        },
+        Format::NdjsonGz => decode_ndjson_read(&bytes[..], true, MAX_GUNZIPPED_BYTES, schema, ctx),
         Format::Parquet => decode_parquet(bytes, schema, ctx),
     }
 }
@@ -79,76 +77,235 @@ pub const MAX_RECORD_BYTES: usize = 4 << 20;
 /// itself stays in the landing zone, and the ledger names it).
 pub const MAX_RAW_BYTES: usize = 64 << 10;
 
-/// The decompressed bytes of a gzip file (all its members), or why it is rejected: not
-/// gzip, truncated, or more than `limit` bytes decompressed.
-fn gunzip(bytes: &[u8], limit: u64) -> std::result::Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(bytes.len() * 4);
-    let mut gz = flate2::read::MultiGzDecoder::new(bytes).take(limit + 1);
-    gz.read_to_end(&mut out)
-        .map_err(|e| format!("truncated or corrupt gzip: {e}"))?;
-    if out.len() as u64 > limit {
-        return Err(format!(
-            "gzip decompresses to more than {limit} bytes ({} compressed): split it into smaller files",
-            bytes.len()
-        ));
+/// The piece size in which a reader's (decompressed) bytes are fed to the decoder.
+const PIECE_BYTES: usize = 1 << 20;
+
+/// Decode NDJSON read from `r` (gzip members when `gzip`), piece by piece: memory is
+/// bounded by the piece and record sizes plus the rows decoded, not by the file. A read
+/// or decompression error rejects the file whole (nothing of it goes to bronze), as does
+/// gzip that decompresses to more than `gunzip_limit` bytes.
+pub fn decode_ndjson_read<R: Read>(
+    r: R,
+    gzip: bool,
+    gunzip_limit: u64,
+    schema: &Arc<SourceSchema>,
+    ctx: &FileContext,
+) -> Result<Decoded> {
+    let mut src: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::MultiGzDecoder::new(r))
+    } else {
+        Box::new(r)
+    };
+    let mut dec = NdjsonDecoder::new(schema.clone(), ctx.landed_at_us);
+    let mut buf = vec![0u8; PIECE_BYTES];
+    let mut total = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let reason = if gzip {
+                    format!("truncated or corrupt gzip: {e}")
+                } else {
+                    format!("read failed: {e}")
+                };
+                return Ok(Decoded::FileRejected { reason });
+            }
+        };
+        total += n as u64;
+        if gzip && total > gunzip_limit {
+            return Ok(Decoded::FileRejected {
+                reason: format!(
+                    "gzip decompresses to more than {gunzip_limit} bytes: split it into smaller files"
+                ),
+            });
+        }
+        dec.feed(&buf[..n]);
     }
-    Ok(out)
+    dec.finish(ctx)
 }
 
-/// Decode NDJSON text.
+/// Decode NDJSON text held in memory.
 pub fn decode_ndjson(
     data: &[u8],
     schema: &Arc<SourceSchema>,
     ctx: &FileContext,
 ) -> Result<Decoded> {
-    let mut asm = RowAssembler::new(schema.clone());
-    let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
-    let mut rejects = Vec::new();
-    let mut records = 0usize;
-    let mut cells: Vec<Cell<'_>> = Vec::with_capacity(names.len());
-    for (i, line) in data.split(|b| *b == b'\n').enumerate() {
+    let mut dec = NdjsonDecoder::new(schema.clone(), ctx.landed_at_us);
+    dec.feed(data);
+    dec.finish(ctx)
+}
+
+/// NDJSON decoding fed in pieces of any size (a file in memory is one piece; a large
+/// file is fed as it is read, see [`super::read`]). Complete lines are parsed straight
+/// from the piece they are in; only a line cut by a piece boundary is copied, and of a
+/// line longer than [`MAX_RECORD_BYTES`] only its head is kept — memory is bounded by the
+/// piece size and the record limit, not by the file.
+pub struct NdjsonDecoder {
+    schema: Arc<SourceSchema>,
+    asm: RowAssembler,
+    landed_at_us: i64,
+    rejects: Vec<Rejected>,
+    records: usize,
+    /// Lines completed so far (blank ones included: line numbers are the file's).
+    lines: i64,
+    /// The start of a line cut by a piece boundary (of an over-long one, its head).
+    carry: Vec<u8>,
+    /// Set once the carried line is known to be over-long.
+    overlong: Option<Overlong>,
+}
+
+/// What is known of an over-long line whose bytes are not kept.
+struct Overlong {
+    len: usize,
+    all_ws: bool,
+    last: u8,
+}
+
+impl NdjsonDecoder {
+    /// A decoder for one file of `schema`'s source.
+    pub fn new(schema: Arc<SourceSchema>, landed_at_us: i64) -> Self {
+        NdjsonDecoder {
+            asm: RowAssembler::new(schema.clone()),
+            schema,
+            landed_at_us,
+            rejects: Vec::new(),
+            records: 0,
+            lines: 0,
+            carry: Vec::new(),
+            overlong: None,
+        }
+    }
+
+    /// Decode the next piece of the file.
+    pub fn feed(&mut self, mut data: &[u8]) {
+        if !self.carry.is_empty() || self.overlong.is_some() {
+            let Some(i) = memchr::memchr(b'\n', data) else {
+                self.extend_carry(data);
+                return;
+            };
+            self.extend_carry(&data[..i]);
+            self.end_carried_line();
+            data = &data[i + 1..];
+        }
+        let Some(end) = memchr::memrchr(b'\n', data) else {
+            self.extend_carry(data);
+            return;
+        };
+        let schema = self.schema.clone();
+        let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+        let mut cells: Vec<Cell<'_>> = Vec::with_capacity(names.len());
+        for line in data[..end].split(|b| *b == b'\n') {
+            self.lines += 1;
+            self.line(line, &names, &mut cells);
+        }
+        self.extend_carry(&data[end + 1..]);
+    }
+
+    /// The decoded file: its rows and rejects (the last line needs no newline).
+    pub fn finish(mut self, ctx: &FileContext) -> Result<Decoded> {
+        if !self.carry.is_empty() || self.overlong.is_some() {
+            self.end_carried_line();
+        }
+        finish(self.asm, self.rejects, self.records, ctx)
+    }
+
+    /// Add the next bytes of the line being carried over a piece boundary, keeping only
+    /// the head of an over-long one.
+    fn extend_carry(&mut self, piece: &[u8]) {
+        let Some(&last) = piece.last() else {
+            return;
+        };
+        if let Some(o) = &mut self.overlong {
+            o.len += piece.len();
+            o.all_ws = o.all_ws && piece.iter().all(u8::is_ascii_whitespace);
+            o.last = last;
+            return;
+        }
+        // A trailing `\r` is not part of the record: one byte of slack before a line is
+        // known to be over-long.
+        let len = self.carry.len() + piece.len();
+        if len <= MAX_RECORD_BYTES + 1 {
+            self.carry.extend_from_slice(piece);
+            return;
+        }
+        let all_ws = self.carry.iter().all(u8::is_ascii_whitespace)
+            && piece.iter().all(u8::is_ascii_whitespace);
+        let keep = MAX_RAW_BYTES
+            .saturating_sub(self.carry.len())
+            .min(piece.len());
+        self.carry.extend_from_slice(&piece[..keep]);
+        self.carry.truncate(MAX_RAW_BYTES);
+        self.carry.shrink_to_fit();
+        self.overlong = Some(Overlong { len, all_ws, last });
+    }
+
+    /// The carried line is complete.
+    fn end_carried_line(&mut self) {
+        self.lines += 1;
+        let line = std::mem::take(&mut self.carry);
+        match self.overlong.take() {
+            Some(o) => {
+                if !o.all_ws {
+                    self.records += 1;
+                    let len = o.len - usize::from(o.last == b'\r');
+                    self.reject_overlong(&line, len);
+                }
+            }
+            None => {
+                let schema = self.schema.clone();
+                let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+                let mut cells: Vec<Cell<'_>> = Vec::with_capacity(names.len());
+                self.line(&line, &names, &mut cells);
+            }
+        }
+        self.carry = line;
+        self.carry.clear();
+    }
+
+    /// Validate one complete line (without its newline).
+    fn line<'de>(&mut self, line: &'de [u8], names: &[&str], cells: &mut Vec<Cell<'de>>) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return;
         }
-        records += 1;
-        let line_no = i as i64 + 1;
+        self.records += 1;
         if line.len() > MAX_RECORD_BYTES {
-            let head = String::from_utf8_lossy(&line[..MAX_RAW_BYTES]);
-            rejects.push(Rejected {
-                line: Some(line_no),
-                raw: Some(format!("{head}… [{} bytes in all]", line.len())),
-                reason: format!(
-                    "record of {} bytes is longer than the limit of {} bytes (is the file newline-delimited JSON?)",
-                    line.len(),
-                    MAX_RECORD_BYTES
-                ),
-            });
-            continue;
+            self.reject_overlong(line, line.len());
+            return;
         }
         cells.clear();
         cells.resize(names.len(), Cell::Missing);
         let parsed = {
             let mut de = serde_json::Deserializer::from_slice(line);
-            let seed = RowSeed {
-                names: &names,
-                cells: &mut cells,
-            };
+            let seed = RowSeed { names, cells };
             seed.deserialize(&mut de).and_then(|()| de.end())
         };
         let outcome = match parsed {
-            Ok(()) => asm.push(&cells, line_no, ctx.landed_at_us),
+            Ok(()) => self.asm.push(cells, self.lines, self.landed_at_us),
             Err(e) => Err(format!("malformed JSON: {e}")),
         };
         if let Err(reason) = outcome {
-            rejects.push(Rejected {
-                line: Some(line_no),
+            self.rejects.push(Rejected {
+                line: Some(self.lines),
                 raw: Some(String::from_utf8_lossy(line).into_owned()),
                 reason,
             });
         }
     }
-    finish(asm, rejects, records, ctx)
+
+    /// Reject a record of `len` bytes whose head is `head`, unparsed.
+    fn reject_overlong(&mut self, head: &[u8], len: usize) {
+        let head = String::from_utf8_lossy(&head[..head.len().min(MAX_RAW_BYTES)]);
+        self.rejects.push(Rejected {
+            line: Some(self.lines),
+            raw: Some(format!("{head}… [{len} bytes in all]")),
+            reason: format!(
+                "record of {len} bytes is longer than the limit of {MAX_RECORD_BYTES} bytes (is the file newline-delimited JSON?)"
+            ),
+        });
+    }
 }
 
 /// The outcome of a file read whole: its rows, or an empty-file rejection.
@@ -495,12 +652,20 @@ mod tests {
         e.write_all(&vec![b' '; 10 << 20]).unwrap();
         let gz = e.finish().unwrap();
         assert!(gz.len() < 100 << 10, "{}", gz.len());
-        let err = gunzip(&gz, 1 << 20).unwrap_err();
+        let bomb = decode_ndjson_read(&gz[..], true, 1 << 20, &orders(), &ctx()).unwrap();
+        let Decoded::FileRejected { reason } = bomb else {
+            panic!("{bomb:?}")
+        };
         assert!(
-            err.contains("decompresses to more than 1048576 bytes"),
-            "{err}"
+            reason.contains("decompresses to more than 1048576 bytes"),
+            "{reason}"
         );
-        assert_eq!(gunzip(&gz, 10 << 20).unwrap().len(), 10 << 20);
+        // Within the limit it is decompressed whole: an all-blank, empty file.
+        let blank = decode_ndjson_read(&gz[..], true, 10 << 20, &orders(), &ctx()).unwrap();
+        assert!(
+            matches!(blank, Decoded::FileRejected { ref reason } if reason.contains("empty")),
+            "{blank:?}"
+        );
     }
 
     /// A file without newlines is one over-long record: rejected with a reason, not

@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::decode::{decode_file, Decoded};
+use super::decode::{decode_file, decode_ndjson, Decoded, NdjsonDecoder};
 use super::discover::Format;
 use super::validate::FileContext;
 use crate::schema::SourceSchema;
@@ -165,6 +165,29 @@ proptest! {
         prop_assert_eq!(rows + rejects, want);
         let gz = decode_file(Bytes::from(gzip(&text)), Format::NdjsonGz, &schema, &ctx()).unwrap();
         prop_assert_eq!(accounting(gz), Some((rows, rejects, records)));
+    }
+
+    /// NDJSON fed in pieces cut anywhere (as a large file is read in ranges) decodes
+    /// exactly as the whole buffer: the same rows, rejects, line numbers and reasons.
+    #[test]
+    fn ndjson_fed_in_pieces_decodes_as_whole(
+        lines in prop::collection::vec(line(), 0..24),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+        crlf in any::<bool>(),
+    ) {
+        let text = lines.join(if crlf { &b"\r\n"[..] } else { &b"\n"[..] });
+        let schema = orders();
+        let whole = decode_ndjson(&text, &schema, &ctx()).unwrap();
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(text.len() + 1)).collect();
+        at.push(0);
+        at.push(text.len());
+        at.sort_unstable();
+        let mut dec = NdjsonDecoder::new(schema.clone(), ctx().landed_at_us);
+        for w in at.windows(2) {
+            dec.feed(&text[w[0]..w[1]]);
+        }
+        let pieces = dec.finish(&ctx()).unwrap();
+        prop_assert_eq!(format!("{whole:?}"), format!("{pieces:?}"));
     }
 
     /// Cut gzip and any bytes as Parquet: rejected whole, or decoded with every record

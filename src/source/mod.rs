@@ -3,6 +3,7 @@
 pub mod decode;
 pub mod dedup;
 pub mod discover;
+pub mod read;
 pub mod validate;
 
 #[cfg(test)]

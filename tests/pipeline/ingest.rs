@@ -669,6 +669,57 @@ fn a_run_ingests_what_had_landed_when_it_started() {
     assert_eq!(env.count("_kestrel/runs", q), 3);
 }
 
+/// A 300 MiB landed file without a newline is read in ranges and rejected as one
+/// over-long record, its valid neighbours ingested, in far less memory than the file:
+/// the child's resident high-water mark is read from `/proc` while it pauses after the
+/// batch (the file read whole needed more than its size).
+#[test]
+fn a_huge_file_is_read_in_ranges_in_bounded_memory() {
+    let env = Env::new();
+    let good = |k: i64| order(&format!("e{k}"), T0 + k, &format!("o{k}"), "A", 1, 100);
+    let mut text = lines(&[good(0)]);
+    text.resize(text.len() + (300 << 20), b'a');
+    text.push(b'\n');
+    text.extend_from_slice(good(1).as_bytes());
+    env.land("orders/huge.ndjson", &text, T0 + 10);
+    drop(text);
+    let mut child = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(env.path().join("kestrel.toml"))
+        .args(["run", "--source", "orders"])
+        .env_remove("KESTREL_FAULT")
+        .env("KESTREL_DELAY", "ingest_after_batch:3000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut hwm_kib = 0u64;
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = std::fs::read_to_string(&status) {
+            if let Some(v) = s.lines().find_map(|l| l.strip_prefix("VmHWM:")) {
+                let kib = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                hwm_kib = hwm_kib.max(kib);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 2);
+    let q = "SELECT count(*) FROM t WHERE line = 2 AND reason LIKE 'record of 314572800 bytes is longer than the limit%' AND length(raw) < 70000";
+    assert_eq!(env.count("quarantine/orders", q), 1);
+    assert!(
+        hwm_kib > 0 && hwm_kib < 250 << 10,
+        "peak RSS {} MiB for a 300 MiB file",
+        hwm_kib >> 10
+    );
+}
+
 /// Two `kestrel run`s started together on one warehouse: the lease lets one ingest and
 /// turns the other away (or it finds nothing left); bronze holds every event once.
 #[test]
