@@ -145,6 +145,11 @@ enum Cmd {
         /// Draw the histogram (log scale) with the percentiles marked into this PNG.
         #[arg(long)]
         png: Option<PathBuf>,
+        /// Write the watermark decision record (Markdown) here: the lateness measured,
+        /// what each delay implies, every job's watermark, lookback and late-data policy
+        /// replayed on these arrivals, and the histogram beside it (FILE.png unless --png).
+        #[arg(long, value_name = "FILE")]
+        markdown: Option<PathBuf>,
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
@@ -209,6 +214,7 @@ pub(crate) async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             window,
             lookback,
             png,
+            markdown,
             json,
         } => {
             let dur = |flag: &str, v: &str| {
@@ -231,8 +237,9 @@ pub(crate) async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 target,
                 window: window.as_micros() as i64,
                 lookback: dur("--lookback", &lookback)?.as_micros() as i64,
+                delays: Vec::new(),
             };
-            lag::lag(cfg, opts, png, json).await
+            lag::lag(cfg, opts, png, markdown, json).await
         }
         Cmd::Maintain {
             retention,

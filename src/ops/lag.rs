@@ -38,6 +38,9 @@ pub struct LagOptions {
     pub window: Micros,
     /// The job's lookback.
     pub lookback: Micros,
+    /// Delays replayed besides the standard ones and the suggestion (a job's
+    /// `watermark_delay`, for the decision record).
+    pub delays: Vec<Micros>,
 }
 
 /// Percentiles of lateness in seconds.
@@ -189,6 +192,7 @@ pub fn analyse(
         .map(|s| s * SEC)
         .collect();
     delays.push(suggested);
+    delays.extend(opts.delays.iter().copied().filter(|d| *d >= 0));
     delays.sort_unstable();
     delays.dedup();
     LagReport {
@@ -230,6 +234,20 @@ pub enum LagError {
 
 /// Read the arrivals of `opts.source` from bronze and analyse them.
 pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
+    let a = read_arrivals(wh, opts).await?;
+    Ok(analyse(&opts.source, &a.partitions, a.arrivals, opts))
+}
+
+/// A source's arrivals, as read from bronze.
+#[derive(Debug, Clone)]
+pub struct Arrivals {
+    /// Partition names; [`Arrival::partition`] indexes them.
+    pub partitions: Vec<String>,
+    pub arrivals: Vec<Arrival>,
+}
+
+/// Read the arrivals of `opts.source` (landed since `opts.since`) from bronze.
+pub async fn read_arrivals(wh: &Warehouse, opts: &LagOptions) -> Result<Arrivals> {
     let path = crate::names::table::bronze(&opts.source);
     let Some(table) = wh.open(&path).await? else {
         return Err(LagError::NoBronze(opts.source.clone()).into());
@@ -307,7 +325,10 @@ pub async fn run(wh: &Warehouse, opts: &LagOptions) -> Result<LagReport> {
         }
         .into());
     }
-    Ok(analyse(&opts.source, &names, arrivals, opts))
+    Ok(Arrivals {
+        partitions: names,
+        arrivals,
+    })
 }
 
 /// Font files tried for the chart's text (`KESTREL_FONT` first).
@@ -477,6 +498,7 @@ mod tests {
             target: 0.0,
             window: 60 * SEC,
             lookback: 30 * SEC,
+            delays: vec![45 * SEC],
         };
         let r = analyse("s", &["".into()], a, &opts);
         // W0 before the straggler = 109 s (the newest event landed before 110.5 s); its
@@ -491,6 +513,7 @@ mod tests {
         };
         assert_eq!(c(30.0).corrections, 1);
         assert_eq!(c(50.0).corrections, 0);
+        assert_eq!(c(45.0).corrections, 1, "an extra delay is replayed too");
         // beyond the lookback: 10 < 109 − d − 30 ⇔ d < 69.
         assert_eq!(c(30.0).beyond_lookback, 1);
         assert_eq!(c(120.0).beyond_lookback, 0);

@@ -1,5 +1,5 @@
 //! Operating kestrel: [`status`] (freshness, watermarks, last runs), [`maintain`]
-//! (compaction, checkpoints, vacuum), [`lag`] (lateness and a suggested watermark), [`metrics`] and [`http`] (the daemon's
+//! (compaction, checkpoints, vacuum), [`lag`] (lateness and a suggested watermark) with its [`watermark_doc`] (the decision record), [`metrics`] and [`http`] (the daemon's
 //! `/healthz` and `/metrics`).
 
 pub mod http;
@@ -7,3 +7,4 @@ pub mod lag;
 pub mod maintain;
 pub mod metrics;
 pub mod status;
+pub mod watermark_doc;

@@ -705,6 +705,71 @@ fn lag_reports_percentiles_of_a_known_distribution_and_a_delay_that_meets_the_ta
     );
     let err = env.fails_one_line(&["lag", "--source", "nope"]);
     assert!(err.contains("unknown source `nope`"), "{err}");
+
+    // The decision record: these percentiles, the replay, and each job reading orders
+    // replayed with its own window, delay and lookback; the histogram beside it.
+    let md = env.path().join("record.md");
+    let text = env.run_ok(
+        &[
+            "lag",
+            "--source",
+            "orders",
+            "--target",
+            "0.01",
+            "--markdown",
+            md.to_str().unwrap(),
+        ],
+        0,
+    );
+    assert!(text.contains("decision record written to"), "{text}");
+    let doc = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        doc.starts_with("# Watermark decision record: `orders`"),
+        "{doc}"
+    );
+    assert!(
+        doc.contains("| (all) | 1000 | 500 s | 900 s | 990 s | 999 s | 1000 s |"),
+        "{doc}"
+    );
+    assert!(doc.contains("(record.png)"), "{doc}");
+    let png = std::fs::read(env.path().join("record.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // revenue_5m is judged exactly as the command's default 5m window and 3d lookback:
+    // its row shows the replay's corrections at its 30 s delay.
+    let at30 = cands.iter().find(|c| c["delay_s"] == 30.0).unwrap();
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| `revenue_5m` |"))
+        .unwrap_or_else(|| panic!("{doc}"));
+    let want = format!(
+        "| `revenue_5m` | tumbling 5m window | 30s | 3d | `late/revenue_5m` + counter | {} (",
+        at30["corrections"]
+    );
+    assert!(row.starts_with(&want), "{row}\nwant {want}");
+    for job in ["revenue_1h", "payments_fast", "payment_reconciliation"] {
+        assert!(doc.contains(&format!("| `{job}` |")), "{job}: {doc}");
+    }
+    assert!(
+        !doc.contains("| `sessions` |"),
+        "sessions reads clickstream: {doc}"
+    );
+    assert!(
+        doc.contains(&format!(
+            "- `revenue_5m`: `watermark_delay = \"30s\"` is below the suggested {}",
+            suggested_human(suggested)
+        )),
+        "{doc}"
+    );
+}
+
+/// The decision record writes a delay as a job's TOML would (`90s`, `5m`).
+fn suggested_human(s: f64) -> String {
+    let s = s as i64;
+    if s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
 }
 
 fn stock(id: &str, event_s: i64, sku: &str, kind: &str, qty: i64) -> String {

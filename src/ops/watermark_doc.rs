@@ -1,0 +1,313 @@
+//! The watermark decision record (`kestrel lag --source S --markdown FILE`): the measured
+//! lateness of a source, what each watermark delay would imply, the watermark, lookback
+//! and late-data policy in force in every job reading the source — each replayed against
+//! the source's real arrivals — and the histogram beside it: the document a reviewer asks
+//! for before a delay is changed (the first seed chapter, §29.12).
+
+use std::fmt::Write as _;
+
+use crate::job::spec::{JobSpec, LatePolicy};
+use crate::operator::windowed::Windowed;
+use crate::time::window::WindowSpec;
+use crate::time::Micros;
+
+use super::lag::{analyse, Arrivals, Candidate, LagOptions, LagReport, Quantiles};
+
+const SEC: Micros = 1_000_000;
+
+/// The watermark in force in one job, and what it implies on the measured arrivals.
+#[derive(Debug, Clone)]
+pub struct JobWatermark {
+    pub job: String,
+    /// The unit corrections are judged against (the first window an event closes).
+    pub window: Micros,
+    /// Where `window` comes from.
+    pub window_from: String,
+    pub delay: Micros,
+    pub lookback: Micros,
+    pub late_policy: LatePolicy,
+    /// The replay at the job's delay.
+    pub at_delay: Candidate,
+    /// The smallest delay that meets the target for this job's window and lookback.
+    pub suggested_delay_s: f64,
+    pub events: usize,
+}
+
+/// The window an event is judged against in `spec`: a tumbling window's size, a sliding
+/// window's slide (the first window holding an event ends within one slide), a session
+/// gap (an idle key's session closes a gap after its last event); `default` for jobs
+/// that are not windowed (payments, stock-out).
+fn judged_window(spec: &JobSpec, default: Micros) -> (Micros, String) {
+    match spec.operator.as_any().downcast_ref::<Windowed>() {
+        Some(w) => match w.window {
+            WindowSpec::Tumbling { size } => (size, format!("tumbling {} window", human(size))),
+            WindowSpec::Sliding { size, slide } => (
+                slide,
+                format!(
+                    "{} window sliding by {}: its slide",
+                    human(size),
+                    human(slide)
+                ),
+            ),
+            WindowSpec::Session { gap } => (gap, format!("session gap {}", human(gap))),
+        },
+        None => (
+            default,
+            format!("{} (`--window`; not windowed)", human(default)),
+        ),
+    }
+}
+
+/// Replay `arrivals` with `spec`'s window, watermark delay and lookback.
+pub fn job_watermark(
+    spec: &JobSpec,
+    source: &str,
+    arrivals: &Arrivals,
+    target: f64,
+    default_window: Micros,
+) -> JobWatermark {
+    let (window, window_from) = judged_window(spec, default_window);
+    let delay = spec.time.watermark_delay.as_micros() as Micros;
+    let lookback = spec.time.lookback.as_micros() as Micros;
+    let opts = LagOptions {
+        source: source.to_string(),
+        since: None,
+        target,
+        window,
+        lookback,
+        delays: vec![delay],
+    };
+    let r = analyse(
+        source,
+        &arrivals.partitions,
+        arrivals.arrivals.clone(),
+        &opts,
+    );
+    let delay_s = delay as f64 / SEC as f64;
+    let at_delay = r
+        .candidates
+        .iter()
+        .find(|c| c.delay_s == delay_s)
+        .cloned()
+        .unwrap_or(Candidate {
+            delay_s,
+            corrections: 0,
+            correction_fraction: 0.0,
+            beyond_lookback: 0,
+        });
+    JobWatermark {
+        job: spec.name.clone(),
+        window,
+        window_from,
+        delay,
+        lookback,
+        late_policy: spec.time.late_policy,
+        at_delay,
+        suggested_delay_s: r.suggested_delay_s,
+        events: r.overall.events,
+    }
+}
+
+/// A duration in the units a job's TOML takes (`90s`, `5m`, `3d`, `1.5s`).
+pub fn human(us: Micros) -> String {
+    let s = us as f64 / SEC as f64;
+    for (unit, n) in [("d", 86_400.0), ("h", 3_600.0), ("m", 60.0)] {
+        if s >= n && s % n == 0.0 {
+            return format!("{}{unit}", s / n);
+        }
+    }
+    format!("{s}s")
+}
+
+fn secs(s: f64) -> String {
+    human((s * SEC as f64).round() as Micros)
+}
+
+/// A measured lateness, always in seconds (a percentile table in one unit).
+fn lateness(s: f64) -> String {
+    format!("{s} s")
+}
+
+fn pct(f: f64) -> String {
+    format!("{:.3} %", f * 100.0)
+}
+
+/// The decision record as Markdown. `report` is the replay for the command's `--window`
+/// and `--lookback`; `image` the histogram's path relative to the document, if drawn.
+pub fn render(
+    report: &LagReport,
+    jobs: &[JobWatermark],
+    image: Option<&str>,
+    scope: &str,
+    generated_at: &str,
+) -> String {
+    let r = report;
+    let n = r.overall.events.max(1) as f64;
+    let mut md = String::new();
+    let _ = writeln!(md, "# Watermark decision record: `{}`\n", r.source);
+    let _ = writeln!(
+        md,
+        "Generated by `kestrel lag --markdown` at {generated_at} from {} events of \
+         `bronze/{}` ({scope}). Lateness is `_landed_at − event_ts`: how long after its \
+         event time an event landed.\n",
+        r.overall.events, r.source
+    );
+    let _ = writeln!(md, "## Measured lateness\n");
+    let _ = writeln!(md, "| partition | events | p50 | p90 | p99 | p99.9 | max |");
+    let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let row = |md: &mut String, name: &str, q: &Quantiles| {
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {} | {} | {} | {} |",
+            q.events,
+            lateness(q.p50_s),
+            lateness(q.p90_s),
+            lateness(q.p99_s),
+            lateness(q.p999_s),
+            lateness(q.max_s)
+        );
+    };
+    row(&mut md, "(all)", &r.overall);
+    if r.partitions.len() > 1 {
+        for (p, q) in &r.partitions {
+            row(&mut md, if p.is_empty() { "(none)" } else { p }, q);
+        }
+    }
+    if let Some(img) = image {
+        let _ = writeln!(
+            md,
+            "\n![Lateness histogram, log–log, with p50, p90, p99, p99.9, max and the suggested delay marked]({img})"
+        );
+    }
+    let _ = writeln!(md, "\n## What a watermark delay implies\n");
+    let _ = writeln!(
+        md,
+        "Events replayed in arrival order (a file's events together) against {} windows \
+         with a lookback of {}: before each arrival the watermark is the minimum over \
+         partitions of the newest event time seen, minus the delay. An event whose window \
+         was already final is a **correction** (the window's row is rewritten); one older \
+         than the watermark minus the lookback is **too late** (never applied by the live \
+         job).\n",
+        secs(r.window_s),
+        secs(r.lookback_s)
+    );
+    let _ = writeln!(
+        md,
+        "| watermark delay | corrections | of events | too late | of events |"
+    );
+    let _ = writeln!(md, "| ---: | ---: | ---: | ---: | ---: |");
+    for c in &r.candidates {
+        let mark = if c.delay_s == r.suggested_delay_s {
+            " (suggested)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            md,
+            "| {}{mark} | {} | {} | {} | {} |",
+            secs(c.delay_s),
+            c.corrections,
+            pct(c.correction_fraction),
+            c.beyond_lookback,
+            pct(c.beyond_lookback as f64 / n)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nThe suggested delay is the smallest whole second that keeps corrections at or \
+         under {} of events: **{}**.\n",
+        pct(r.target),
+        secs(r.suggested_delay_s)
+    );
+    let _ = writeln!(md, "## In force\n");
+    if jobs.is_empty() {
+        let _ = writeln!(md, "No job reads `{}`.", r.source);
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "Each job reading `{}`, replayed with its own window, `watermark_delay` and \
+         `lookback` against the same arrivals:\n",
+        r.source
+    );
+    let _ = writeln!(
+        md,
+        "| job | judged against | watermark_delay | lookback | late data | corrections | too late | suggested delay |"
+    );
+    let _ = writeln!(md, "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    for j in jobs {
+        let late = match j.late_policy {
+            LatePolicy::SideOutput => format!("`late/{}` + counter", j.job),
+            LatePolicy::Drop => "dropped, counted".to_string(),
+        };
+        let jn = j.events.max(1) as f64;
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {} | {late} | {} ({}) | {} ({}) | {} |",
+            j.job,
+            j.window_from,
+            human(j.delay),
+            human(j.lookback),
+            j.at_delay.corrections,
+            pct(j.at_delay.correction_fraction),
+            j.at_delay.beyond_lookback,
+            pct(j.at_delay.beyond_lookback as f64 / jn),
+            secs(j.suggested_delay_s)
+        );
+    }
+    let _ = writeln!(md, "\n## Decision\n");
+    for j in jobs {
+        let delay_s = j.delay as f64 / SEC as f64;
+        let verdict = if delay_s >= j.suggested_delay_s {
+            format!(
+                "`watermark_delay = \"{}\"` is at or above the suggested {}: corrections \
+                 stay within the target ({} of events)",
+                human(j.delay),
+                secs(j.suggested_delay_s),
+                pct(j.at_delay.correction_fraction)
+            )
+        } else {
+            format!(
+                "`watermark_delay = \"{}\"` is below the suggested {}: expect {} of events \
+                 to restate a window that was already final — raise the delay to {}, or \
+                 keep it if consumers take restatements (MERGE sinks make them cheap and \
+                 correct)",
+                human(j.delay),
+                secs(j.suggested_delay_s),
+                pct(j.at_delay.correction_fraction),
+                secs(j.suggested_delay_s)
+            )
+        };
+        let too_late = if j.at_delay.beyond_lookback == 0 {
+            "no event was beyond the lookback".to_string()
+        } else {
+            let what = match j.late_policy {
+                LatePolicy::SideOutput => format!("written to `late/{}` and counted", j.job),
+                LatePolicy::Drop => "dropped and counted".to_string(),
+            };
+            format!(
+                "{} events were beyond the {} lookback ({what}; restate them with \
+                 `kestrel backfill`, or raise `lookback`)",
+                j.at_delay.beyond_lookback,
+                human(j.lookback)
+            )
+        };
+        let _ = writeln!(md, "- `{}`: {verdict}; {too_late}.", j.job);
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_as_a_job_would_take_them() {
+        assert_eq!(human(300 * SEC), "5m");
+        assert_eq!(human(3 * 86_400 * SEC), "3d");
+        assert_eq!(human(90 * SEC), "90s");
+        assert_eq!(human(7_200 * SEC), "2h");
+        assert_eq!(human(1_500_000), "1.5s");
+        assert_eq!(human(0), "0s");
+    }
+}
