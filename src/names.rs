@@ -142,6 +142,11 @@ pub mod lease {
     pub fn stream(job: &str) -> String {
         format!("stream-{job}")
     }
+
+    /// Held while a table (warehouse path) is compacted: `compact-gold.revenue_5m`.
+    pub fn compaction(table: &str) -> String {
+        format!("compact-{}", table.trim_end_matches('/').replace('/', "."))
+    }
 }
 
 #[cfg(test)]
@@ -154,6 +159,7 @@ mod tests {
         assert_eq!(table::bronze("orders"), "bronze/orders");
         assert_eq!(table::quarantine("orders"), "quarantine/orders");
         assert_eq!(table::late("revenue_5m"), "late/revenue_5m");
+        assert_eq!(lease::compaction("_kestrel/runs"), "compact-_kestrel.runs");
         assert_eq!(table::gold("revenue_5m"), "gold/revenue_5m");
         assert!(table::is_gold("gold/x") && !table::is_gold("gold/") && !table::is_gold("x"));
         assert_eq!(

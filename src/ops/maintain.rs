@@ -280,6 +280,31 @@ async fn table(
     opts: &MaintainOptions,
     r: &mut TableReport,
 ) -> Result<()> {
+    if wh.open(rel).await?.is_none() {
+        r.skipped = Some("not written yet".into());
+        return Ok(());
+    }
+    let lease = match crate::sink::compact::CompactionLease::acquire(wh, rel).await? {
+        Ok(l) => l,
+        Err(owner) => {
+            r.skipped = Some(format!("being compacted by {owner}; next slot"));
+            return Ok(());
+        }
+    };
+    // Loaded afresh under the lease: another compaction may just have replaced files.
+    wh.forget(rel);
+    let outcome = table_under_lease(wh, rel, opts, r).await;
+    lease.release(rel).await;
+    outcome
+}
+
+/// The work of [`table`], under the table's compaction lease.
+async fn table_under_lease(
+    wh: &Warehouse,
+    rel: &str,
+    opts: &MaintainOptions,
+    r: &mut TableReport,
+) -> Result<()> {
     let Some(mut t) = wh.open(rel).await? else {
         r.skipped = Some("not written yet".into());
         return Ok(());

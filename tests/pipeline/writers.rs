@@ -281,6 +281,11 @@ fn concurrent_writers_on_s3_equal_one_clean_writer() {
         .collect();
     assert_eq!(paths.len(), ledger.len(), "a file is in the ledger twice");
     assert_eq!(ledger.len(), files.len(), "every landed file once");
+    // Every writer compacts the run log: no row of it twice (two compactions of the same
+    // files both committing doubled it — delta-rs does not see that conflict).
+    let runs = snapshot_of(&wh, "_kestrel/runs", &[]);
+    let distinct: std::collections::BTreeSet<&String> = runs.iter().collect();
+    assert_eq!(distinct.len(), runs.len(), "a run-log row twice");
 
     // Every table's log: commits contiguous up to its version, anything cleaned up
     // below a checkpoint.
