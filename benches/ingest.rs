@@ -110,8 +110,8 @@ fn raw_decode(files: &[PathBuf]) -> usize {
 }
 
 fn main() {
-    kestrel::alloc::tune(); // as the kestrel binary runs
-                            // RUST_LOG=kestrel=info shows per-batch phase timings.
+    // As the kestrel binary runs. RUST_LOG=kestrel=info shows per-batch phase timings.
+    kestrel::alloc::tune();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

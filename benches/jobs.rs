@@ -650,7 +650,8 @@ async fn dedup_memory() {
 }
 
 fn main() {
-    kestrel::alloc::tune(); // as the kestrel binary runs
+    // As the kestrel binary runs.
+    kestrel::alloc::tune();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
