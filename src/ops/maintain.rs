@@ -291,8 +291,6 @@ async fn table(
             return Ok(());
         }
     };
-    // Loaded afresh under the lease: another compaction may just have replaced files.
-    wh.forget(rel);
     let outcome = table_under_lease(wh, rel, opts, r).await;
     lease.release(rel).await;
     outcome

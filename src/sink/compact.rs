@@ -45,15 +45,18 @@ pub struct CompactionLease(Lease);
 
 impl CompactionLease {
     /// Take `rel`'s compaction lease; `Err(owner)` while another process compacts it.
-    /// After taking it, load the table afresh (`Warehouse::forget`): a table loaded
-    /// before may name files another compaction has just replaced.
+    /// Taking it drops `wh`'s loaded copy of the table, so the next `open` reads it
+    /// afresh: a table loaded before may name files another compaction has just replaced.
     pub async fn acquire(
         wh: &Warehouse,
         rel: &str,
     ) -> Result<std::result::Result<CompactionLease, String>> {
         let name = crate::names::lease::compaction(rel);
         match Lease::acquire(wh, &name, COMPACTION_LEASE_TTL).await {
-            Ok(l) => Ok(Ok(CompactionLease(l))),
+            Ok(l) => {
+                wh.forget(rel);
+                Ok(Ok(CompactionLease(l)))
+            }
             Err(Error::LeaseHeld { owner, .. }) => Ok(Err(owner)),
             Err(e) => Err(e),
         }
@@ -216,7 +219,6 @@ pub async fn open_partitions(
             return Ok(None);
         }
     };
-    wh.forget(rel);
     let outcome = compact_crowded(wh, rel, opts, only, props, bookkeeping).await;
     lease.release(rel).await;
     outcome

@@ -254,29 +254,16 @@ mod tests {
             e_tag: put.e_tag.clone(),
             display: "mem:///x".into(),
         };
-        let changed = decode_in_ranges(
-            landed("orders/big.ndjson"),
-            Format::Ndjson,
-            &orders(),
-            &ctx(),
-            rt.handle(),
-        )
-        .unwrap();
-        assert!(
-            matches!(&changed, Decoded::FileRejected { reason } if reason.contains("e-tag")),
-            "{changed:?}"
-        );
-        let gone = decode_in_ranges(
-            landed("orders/gone.ndjson"),
-            Format::Ndjson,
-            &orders(),
-            &ctx(),
-            rt.handle(),
-        )
-        .unwrap();
-        assert!(
-            matches!(&gone, Decoded::FileRejected { reason } if reason.contains("disappeared")),
-            "{gone:?}"
-        );
+        for (path, why) in [
+            ("orders/big.ndjson", "e-tag"),
+            ("orders/gone.ndjson", "disappeared"),
+        ] {
+            let d = decode_in_ranges(landed(path), Format::Ndjson, &orders(), &ctx(), rt.handle())
+                .unwrap();
+            assert!(
+                matches!(&d, Decoded::FileRejected { reason } if reason.contains(why)),
+                "{path}: {d:?}"
+            );
+        }
     }
 }

@@ -53,6 +53,12 @@ impl Env {
     }
 
     pub fn kestrel_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command(args, env).output().expect("run kestrel")
+    }
+
+    /// The `kestrel` command on this env's config, with `env` set and the fault and
+    /// location variables of the test process removed (to spawn it yourself).
+    pub fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("--config")
             .arg(self.path().join("kestrel.toml"))
@@ -64,7 +70,7 @@ impl Env {
         for (k, v) in env {
             c.env(k, v);
         }
-        c.output().expect("run kestrel")
+        c
     }
 
     /// Run and require exit code `code`.

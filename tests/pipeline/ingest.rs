@@ -637,12 +637,11 @@ fn a_run_ingests_what_had_landed_when_it_started() {
         let o = order(&format!("e{k}"), T0 + k, &format!("o{k}"), "A", 1, 100);
         env.land(&format!("orders/f{k}.ndjson"), &lines(&[o]), T0 + 10 + k);
     }
-    let child = std::process::Command::new(BIN)
-        .arg("--config")
-        .arg(env.path().join("kestrel.toml"))
-        .args(["run", "--source", "orders"])
-        .env_remove("KESTREL_FAULT")
-        .env("KESTREL_DELAY", "ingest_after_plan:4000")
+    let child = env
+        .command(
+            &["run", "--source", "orders"],
+            &[("KESTREL_DELAY", "ingest_after_plan:4000")],
+        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -683,12 +682,11 @@ fn a_huge_file_is_read_in_ranges_in_bounded_memory() {
     text.extend_from_slice(good(1).as_bytes());
     env.land("orders/huge.ndjson", &text, T0 + 10);
     drop(text);
-    let mut child = std::process::Command::new(BIN)
-        .arg("--config")
-        .arg(env.path().join("kestrel.toml"))
-        .args(["run", "--source", "orders"])
-        .env_remove("KESTREL_FAULT")
-        .env("KESTREL_DELAY", "ingest_after_batch:3000")
+    let mut child = env
+        .command(
+            &["run", "--source", "orders"],
+            &[("KESTREL_DELAY", "ingest_after_batch:3000")],
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
