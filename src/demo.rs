@@ -1,4 +1,5 @@
-//! `kestrel demo`: realistic events for all four sources in a local landing zone.
+//! `kestrel demo`: realistic events for the four event sources, and the `customers`
+//! change stream, in a local landing zone.
 //!
 //! Event times span the last `hours` up to now. Each event gets an arrival time with
 //! heavy-tailed lateness (p50 ≈ 0.4 s, p99 ≈ 4 s, p99.9 ≈ 28 s, max ≈ 16 min); events are
@@ -6,6 +7,12 @@
 //! is set to the minute's end (the file's arrival time). Some events are delivered twice
 //! and a few lines are malformed, as in real feeds. Files are written under a temporary
 //! `_` name and renamed, which is how the landing contract asks writers to land files.
+//!
+//! The `customers` stream is what a Debezium connector emits for an operational table:
+//! a snapshot (`r`) of the rows at the start, then inserts, updates and deletes (and a
+//! deleted customer coming back) in log order; a few changes reach the landing zone
+//! minutes after later ones, and a few are delivered twice. It is drawn from its own
+//! random stream, so the event sources' files are the same with or without it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -290,6 +297,118 @@ impl Gen {
     }
 }
 
+/// The `customers` change stream over `[start, end)`: a snapshot of 30 rows, then
+/// about `rate` changes a second (inserts, updates, deletes, re-inserts), each with the
+/// next log position; a few are held back minutes before their usual arrival delay, so
+/// they land after later changes.
+fn customer_changes(rng: &mut StdRng, start: i64, end: i64, rate: f64) -> Vec<Ev> {
+    #[derive(Clone)]
+    struct Row {
+        id: String,
+        email: String,
+        name: String,
+        tier: Option<&'static str>,
+        credit: i64,
+        alive: bool,
+    }
+    let tiers = [None, Some("silver"), Some("gold"), Some("platinum")];
+    let names = [
+        "Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken",
+    ];
+    let mut rows: Vec<Row> = Vec::new();
+    let mut out = Vec::new();
+    let mut lsn: i64 = 10_000;
+    let row_json = |r: &Row, ts: i64| {
+        json!({"customer_id": r.id, "email": r.email, "name": r.name, "tier": r.tier,
+               "credit_cents": r.credit, "updated_at": rfc3339(ts)})
+    };
+    let mut emit =
+        |rng: &mut StdRng, op: &str, before: Option<&Row>, after: Option<&Row>, ts: i64| {
+            lsn += rng.gen_range(1..40);
+            let body = json!({
+                "op": op,
+                "ts_ms": ts / 1000,
+                "before": before.map(|r| row_json(r, ts)),
+                "after": after.map(|r| row_json(r, ts)),
+                "source": {"lsn": lsn, "db": "shop", "table": "customers"},
+            });
+            // A few changes are held back by the connector and land minutes later.
+            let held = if rng.gen_bool(0.03) {
+                rng.gen_range(120 * US..600 * US)
+            } else {
+                0
+            };
+            out.push((ts, held, body));
+        };
+    let new_row = |rng: &mut StdRng, n: usize| Row {
+        id: format!("C-{n:05}"),
+        email: format!("c{n}@example.com"),
+        name: names[rng.gen_range(0..names.len())].to_string(),
+        tier: tiers[rng.gen_range(0..tiers.len())],
+        credit: rng.gen_range(0..50_000),
+        alive: true,
+    };
+    for i in 0..30 {
+        let r = new_row(rng, i);
+        emit(rng, "r", None, Some(&r), start + i as i64 * 1000);
+        rows.push(r);
+    }
+    let mut t = start + 60 * US;
+    while rate > 0.0 && t < end {
+        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+        t += (-u.ln() / rate * 1e6) as i64;
+        if t >= end {
+            break;
+        }
+        let r: f64 = rng.gen();
+        let alive: Vec<usize> = (0..rows.len()).filter(|i| rows[*i].alive).collect();
+        let dead: Vec<usize> = (0..rows.len()).filter(|i| !rows[*i].alive).collect();
+        if r < 0.15 || alive.is_empty() {
+            let n = rows.len();
+            let row = new_row(rng, n);
+            emit(rng, "c", None, Some(&row), t);
+            rows.push(row);
+        } else if r < 0.85 {
+            let i = alive[rng.gen_range(0..alive.len())];
+            let before = rows[i].clone();
+            let row = &mut rows[i];
+            match rng.gen_range(0..3) {
+                0 => row.tier = tiers[rng.gen_range(0..tiers.len())],
+                1 => row.credit = (row.credit + rng.gen_range(-5_000..5_000)).max(0),
+                _ => {
+                    row.email = format!(
+                        "{}+{}@example.com",
+                        row.id.to_lowercase(),
+                        rng.gen_range(1..100)
+                    )
+                }
+            }
+            let after = rows[i].clone();
+            emit(rng, "u", Some(&before), Some(&after), t);
+        } else if r < 0.95 || dead.is_empty() {
+            let i = alive[rng.gen_range(0..alive.len())];
+            rows[i].alive = false;
+            let before = rows[i].clone();
+            emit(rng, "d", Some(&before), None, t);
+        } else {
+            let i = dead[rng.gen_range(0..dead.len())];
+            rows[i].alive = true;
+            rows[i].credit = 0;
+            let after = rows[i].clone();
+            emit(rng, "c", None, Some(&after), t);
+        }
+    }
+    out.into_iter()
+        .filter(|(ts, _, _)| *ts >= start && *ts < end)
+        .map(|(ts, held, body)| Ev {
+            source: "customers",
+            partition: 0,
+            ts_us: ts + held,
+            body,
+        })
+        .collect()
+}
+
 /// Generate the demo landing zone under `landing` (a local directory).
 pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
     let end_dt = opts.end.unwrap_or_else(Utc::now);
@@ -307,6 +426,9 @@ pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
     g.prices = (0..SKUS).map(|_| g.rng.gen_range(199..20_000)).collect();
     g.clickstream(2.0 * opts.scale);
     g.commerce(0.3 * opts.scale);
+    let mut crng = StdRng::seed_from_u64(opts.seed ^ 0xC0DE_C0DE);
+    g.events
+        .extend(customer_changes(&mut crng, start, end, 0.05 * opts.scale));
 
     // arrival times, duplicates, malformed lines
     let mut report = DemoReport::default();
@@ -317,7 +439,12 @@ pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
         let arrival = ev.ts_us + sample_lateness_us(&mut g.rng);
         let line = ev.body.to_string();
         let mut deliveries = vec![arrival];
-        if g.rng.gen_bool(0.003) {
+        let redelivery = if ev.source == "customers" {
+            0.03
+        } else {
+            0.003
+        };
+        if g.rng.gen_bool(redelivery) {
             deliveries.push(arrival + g.rng.gen_range(0..120 * US));
             report.duplicates += 1;
         }
@@ -337,7 +464,15 @@ pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
         r#"{"event_id":"bad-type","event_ts":"2026-01-01T00:00:00Z","quantity":"3"}"#.to_string(),
         r#"{"event_id":"bad-enum","event_ts":"2026-01-01T00:00:00Z","status":"pending","kind":"theft"}"#.to_string(),
     ];
+    let bad_change = r#"{"op":"x","ts_ms":1764000000000,"before":null,"after":{"customer_id":"C-bad"},"source":{"lsn":"7"}}"#;
     let keys: Vec<_> = files.keys().copied().collect();
+    if let Some(k) = keys.iter().find(|k| k.0 == "customers") {
+        if let Some(v) = files.get_mut(k) {
+            let a = v.first().map(|x| x.0).unwrap_or(k.2 * 60 * US);
+            v.push((a, bad_change.to_string()));
+            report.malformed += 1;
+        }
+    }
     for (i, bad) in bad_lines.iter().enumerate() {
         for src in ["clickstream", "orders", "payments", "inventory"] {
             let candidates: Vec<_> = keys.iter().filter(|k| k.0 == src).collect();
@@ -359,7 +494,11 @@ pub fn generate(landing: &Path, opts: &DemoOptions) -> Result<DemoReport> {
         let stamp = DateTime::from_timestamp_micros(minute * 60 * US)
             .unwrap_or_default()
             .format("%Y%m%dT%H%M%SZ");
-        let gz = g.rng.gen_bool(opts.gzip_fraction);
+        let gz = if source == "customers" {
+            crng.gen_bool(opts.gzip_fraction)
+        } else {
+            g.rng.gen_bool(opts.gzip_fraction)
+        };
         let dir = landing.join(source).join(format!("partition={partition}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
         let name = format!(

@@ -34,6 +34,11 @@ pub mod table {
         format!("{GOLD_PREFIX}{job}")
     }
 
+    /// A mirror job's record of the deletes it applied.
+    pub fn mirror_deletes(job: &str) -> String {
+        format!("_kestrel/mirror/{job}/deletes")
+    }
+
     /// Whether `path` names a table under `gold/` (not `gold/` itself).
     pub fn is_gold(path: &str) -> bool {
         path.starts_with(GOLD_PREFIX) && path.len() > GOLD_PREFIX.len()
@@ -115,6 +120,16 @@ pub mod app {
         format!("{}-availability", self::job(job))
     }
 
+    /// A mirror job's history commits.
+    pub fn mirror_history(job: &str) -> String {
+        format!("{}-history", self::job(job))
+    }
+
+    /// A mirror job's deletes-record commits.
+    pub fn mirror_deletes(job: &str) -> String {
+        format!("{}-deletes", self::job(job))
+    }
+
     /// A job's late-ledger commits.
     pub fn late(job: &str) -> String {
         format!("kestrel-late-{job}")
@@ -182,6 +197,9 @@ mod tests {
             "kestrel-runlog-ingest-orders"
         );
         assert_eq!(lease::job("x"), "job-x");
+        assert_eq!(table::mirror_deletes("c"), "_kestrel/mirror/c/deletes");
+        assert_eq!(app::mirror_history("c"), "kestrel-job-c-history");
+        assert_eq!(app::mirror_deletes("c"), "kestrel-job-c-deletes");
         assert_eq!(lease::stream("x"), "stream-x");
     }
 }

@@ -29,6 +29,17 @@ pub enum KeyError {
     UnknownId(KeyId),
 }
 
+/// FNV-1a of `bytes`: a hash that is the same on every platform and in every release
+/// (what hash partitions of stored tables are computed with).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// Fast hash maps and sets for per-row work.
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// See [`FastMap`].

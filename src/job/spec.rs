@@ -17,7 +17,7 @@ use crate::names;
 use crate::schema::SourceSchema;
 use crate::time::window::WindowSpec;
 
-const BUILTIN: [(&str, &str); 7] = [
+const BUILTIN: [(&str, &str); 8] = [
     (
         "clickstream_5m",
         include_str!("../../jobs/clickstream_5m.toml"),
@@ -34,6 +34,7 @@ const BUILTIN: [(&str, &str); 7] = [
         include_str!("../../jobs/payment_reconciliation.toml"),
     ),
     ("stockout", include_str!("../../jobs/stockout.toml")),
+    ("customers", include_str!("../../jobs/customers.toml")),
 ];
 
 /// What happens to events too late for the job (both are counted in the run log).
@@ -385,7 +386,19 @@ mod tests {
     #[tokio::test]
     async fn shipped_jobs_load_as_designed() {
         let jobs = load_all(Path::new("/none"), &schemas()).await.unwrap();
-        assert_eq!(jobs.len(), 7);
+        assert_eq!(jobs.len(), 8);
+        let c = &jobs["customers"];
+        let tables: Vec<String> = c.outputs().into_iter().map(|o| o.table).collect();
+        assert_eq!(
+            tables,
+            [
+                "gold/customers",
+                "_kestrel/mirror/customers/deletes",
+                "gold/customers_history"
+            ]
+        );
+        assert_eq!(c.merge_keys, ["customer_id"]);
+        assert!(c.operator.no_days().is_some() && !c.can_stream());
         let r = &jobs["revenue_1h"];
         match r.operator.as_any().downcast_ref::<Windowed>() {
             Some(Windowed {

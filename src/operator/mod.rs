@@ -15,13 +15,17 @@
 //! - [`payments`]: order/payment matching (`payments_fast`, `payment_reconciliation`),
 //!   pure logic in `payments::matching`;
 //! - [`stockout`]: stock-out alerts and availability, pure logic in `stockout::detect`,
-//!   which `kestrel stream` runs always-on over the same code.
+//!   which `kestrel stream` runs always-on over the same code;
+//! - [`select`]: a filtered projection of one source;
+//! - [`mirror`]: a change-data-capture source kept as a table (and its history), pure
+//!   logic in `mirror::apply`.
 //!
 //! [`REGISTRY`] maps the name a job file gives (`operator = "…"`) to its parser; a file
 //! without one is a declarative windowed aggregate. Adding an operator: a module here
 //! implementing [`Operator`] with its `[params]` parser, and one line in [`REGISTRY`].
 
 pub mod metrics;
+pub mod mirror;
 pub mod payments;
 pub mod port;
 pub mod read;
@@ -68,6 +72,11 @@ pub trait Operator: std::fmt::Debug + Send + Sync {
         Vec::new()
     }
 
+    /// Why a backfill has nothing to restate for this operator (None: it restates days).
+    fn no_days(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Whether `kestrel stream` can run the job always-on.
     fn can_stream(&self) -> bool {
         false
@@ -112,6 +121,7 @@ pub(crate) const REGISTRY: &[(&str, Parse)] = &[
     ("payment_reconciliation", payments::parse_reconciliation),
     ("stockout", stockout::parse),
     ("select", select::parse),
+    ("mirror", mirror::parse),
 ];
 
 /// The names [`REGISTRY`] knows, in its order.

@@ -58,6 +58,8 @@ pub enum BackfillError {
         "interrupted before {day}: {done} of {days} days done; run the same command to resume"
     )]
     Interrupted { day: String, done: usize, days: i32 },
+    #[error("`{job}` cannot be backfilled: {why}")]
+    NoDays { job: String, why: String },
     #[error("backfill progress: {0}")]
     Progress(#[from] serde_json::Error),
 }
@@ -150,6 +152,13 @@ impl JobRunner {
         opts: &BackfillOptions,
         mut progress: impl FnMut(Progress<'_>),
     ) -> Result<BackfillReport> {
+        if let Some(why) = spec.operator.no_days() {
+            return Err(BackfillError::NoDays {
+                job: spec.name.clone(),
+                why: why.to_string(),
+            }
+            .into());
+        }
         if let Some(owner) = Lease::stream_owner(&self.wh, &spec.name).await? {
             return Err(BackfillError::Streamed {
                 job: spec.name.clone(),

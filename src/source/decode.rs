@@ -19,9 +19,11 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::cdc::{push_change, ChangeLayout};
 use super::discover::Format;
 use super::validate::{Cell, FileContext, RowAssembler};
 use crate::error::Result;
+use crate::schema::cdc::CdcSpec;
 use crate::schema::{FieldType, SourceSchema};
 
 /// A record that failed validation.
@@ -154,6 +156,8 @@ pub struct NdjsonDecoder {
     carry: Vec<u8>,
     /// Set once the carried line is known to be over-long.
     overlong: Option<Overlong>,
+    /// A change-data-capture source's spec: lines are change events.
+    change: Option<(Arc<CdcSpec>, ChangeLayout)>,
 }
 
 /// What is known of an over-long line whose bytes are not kept.
@@ -166,9 +170,14 @@ struct Overlong {
 impl NdjsonDecoder {
     /// A decoder for one file of `schema`'s source.
     pub fn new(schema: Arc<SourceSchema>, landed_at_us: i64) -> Self {
+        let change = schema.cdc.clone().map(|c| {
+            let layout = ChangeLayout::new(&c);
+            (c, layout)
+        });
         NdjsonDecoder {
             asm: RowAssembler::new(schema.clone()),
             schema,
+            change,
             landed_at_us,
             rejects: Vec::new(),
             records: 0,
@@ -275,6 +284,24 @@ impl NdjsonDecoder {
             self.reject_overlong(line, line.len());
             return;
         }
+        if let Some((spec, layout)) = &self.change {
+            let pushed = push_change(
+                line,
+                spec,
+                layout,
+                &mut self.asm,
+                self.lines,
+                self.landed_at_us,
+            );
+            if let Err(reason) = pushed {
+                self.rejects.push(Rejected {
+                    line: Some(self.lines),
+                    raw: Some(String::from_utf8_lossy(line).into_owned()),
+                    reason,
+                });
+            }
+            return;
+        }
         cells.clear();
         cells.resize(names.len(), Cell::Missing);
         let parsed = {
@@ -327,9 +354,9 @@ fn finish(
     })
 }
 
-struct RowSeed<'s, 'de> {
-    names: &'s [&'s str],
-    cells: &'s mut Vec<Cell<'de>>,
+pub(super) struct RowSeed<'s, 'de> {
+    pub(super) names: &'s [&'s str],
+    pub(super) cells: &'s mut Vec<Cell<'de>>,
 }
 
 impl<'de> DeserializeSeed<'de> for RowSeed<'_, 'de> {
@@ -363,7 +390,7 @@ impl<'de> Visitor<'de> for RowSeed<'_, 'de> {
     }
 }
 
-struct Key<'de>(Cow<'de, str>);
+pub(super) struct Key<'de>(pub(super) Cow<'de, str>);
 
 impl<'de> de::Deserialize<'de> for Key<'de> {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -384,7 +411,7 @@ impl<'de> de::Deserialize<'de> for Key<'de> {
     }
 }
 
-struct CellValue<'de>(Cell<'de>);
+pub(super) struct CellValue<'de>(pub(super) Cell<'de>);
 
 impl<'de> de::Deserialize<'de> for CellValue<'de> {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -499,6 +526,9 @@ pub fn decode_parquet(
     schema: &Arc<SourceSchema>,
     ctx: &FileContext,
 ) -> Result<Decoded> {
+    if schema.cdc.is_some() {
+        return decode_parquet_changes(bytes, schema, ctx);
+    }
     let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
         Ok(b) => b,
         Err(e) => {
@@ -607,6 +637,41 @@ pub fn decode_parquet(
         }
     }
     finish(asm, rejects, records, ctx)
+}
+
+/// Decode a Parquet file of change events (columns `op`, `ts_ms`, structs `before`,
+/// `after`, `source`): each row is rendered as its JSON object and decoded as an NDJSON
+/// change, so both formats follow one set of rules and reasons (row `n` is line `n`).
+fn decode_parquet_changes(
+    bytes: Bytes,
+    schema: &Arc<SourceSchema>,
+    ctx: &FileContext,
+) -> Result<Decoded> {
+    let unreadable = |e: &dyn std::fmt::Display| Decoded::FileRejected {
+        reason: format!("unreadable Parquet: {e}"),
+    };
+    let reader = match ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.with_batch_size(8192).build())
+    {
+        Ok(r) => r,
+        Err(e) => return Ok(unreadable(&e)),
+    };
+    let mut dec = NdjsonDecoder::new(schema.clone(), ctx.landed_at_us);
+    for batch in reader {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => return Ok(unreadable(&e)),
+        };
+        let mut w = arrow::json::LineDelimitedWriter::new(Vec::new());
+        if let Err(e) = w.write(&batch) {
+            return Ok(unreadable(&e));
+        }
+        if let Err(e) = w.finish() {
+            return Ok(unreadable(&e));
+        }
+        dec.feed(&w.into_inner());
+    }
+    dec.finish(ctx)
 }
 
 /// Render a Parquet row as a JSON object for the quarantine's raw text.

@@ -1,5 +1,6 @@
 //! Reading the landing zone: discover new files, decode them, validate records.
 
+mod cdc;
 pub mod decode;
 pub mod dedup;
 pub mod discover;

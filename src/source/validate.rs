@@ -51,7 +51,8 @@ pub enum Cell<'a> {
 }
 
 impl Cell<'_> {
-    fn kind(&self) -> &'static str {
+    /// What the value is, for messages (`a string`, `null`, …).
+    pub fn kind(&self) -> &'static str {
         match self {
             Cell::Missing => "nothing",
             Cell::Null => "null",
@@ -381,7 +382,12 @@ impl RowAssembler {
 }
 
 /// Check an event time's sanity: Some(us) when plausible, else a reason is recorded.
-fn check_ts(name: &str, us: i64, landed_at_us: i64, reasons: &mut Vec<String>) -> Option<i64> {
+pub(super) fn check_ts(
+    name: &str,
+    us: i64,
+    landed_at_us: i64,
+    reasons: &mut Vec<String>,
+) -> Option<i64> {
     if us < MIN_EVENT_TS_US {
         reasons.push(format!(
             "field `{name}`: {} is before 2000-01-01",

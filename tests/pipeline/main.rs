@@ -2,6 +2,7 @@
 //! They drive the real `kestrel` binary against real Delta tables in temp directories.
 
 mod backfill;
+mod cdc;
 mod common;
 mod compaction;
 mod faults;

@@ -48,12 +48,7 @@ pub const INPUT: [&str; 5] = ["sku", "event_ts", "event_id", "kind", "quantity"]
 
 /// The bucket of a sku (FNV-1a, stable across releases and platforms).
 pub fn bucket_of(sku: &str) -> i32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in sku.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % BUCKETS) as i32
+    (crate::job::keys::fnv1a(sku.as_bytes()) % BUCKETS) as i32
 }
 
 /// An event's position in its sku's order.

@@ -1,7 +1,10 @@
 //! Event schemas (`schemas/<source>.json`) → Arrow schemas plus validation rules.
 //!
-//! The four shipped schemas are compiled in; a `schemas/` directory next to the config
-//! may override them or add sources.
+//! The shipped schemas are compiled in; a `schemas/` directory next to the config may
+//! override them or add sources. A schema is an event source's (`"kind": "events"`, the
+//! default) or a change-data-capture source's (`"kind": "cdc"`, see [`cdc`]).
+
+pub mod cdc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,11 +30,15 @@ pub const META_COLUMNS: [&str; 6] = [
     "_ingested_at",
 ];
 
-const BUILTIN: [(&str, &str); 4] = [
-    ("clickstream", include_str!("../schemas/clickstream.json")),
-    ("orders", include_str!("../schemas/orders.json")),
-    ("payments", include_str!("../schemas/payments.json")),
-    ("inventory", include_str!("../schemas/inventory.json")),
+const BUILTIN: [(&str, &str); 5] = [
+    (
+        "clickstream",
+        include_str!("../../schemas/clickstream.json"),
+    ),
+    ("orders", include_str!("../../schemas/orders.json")),
+    ("payments", include_str!("../../schemas/payments.json")),
+    ("inventory", include_str!("../../schemas/inventory.json")),
+    ("customers", include_str!("../../schemas/customers.json")),
 ];
 
 /// The type of one event field.
@@ -47,7 +54,7 @@ pub enum FieldType {
 }
 
 /// One field of an event schema.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FieldSpec {
     pub name: String,
@@ -66,6 +73,16 @@ struct SchemaFile {
     #[serde(default)]
     #[allow(dead_code)]
     description: Option<String>,
+    /// `events` (default) or `cdc`.
+    #[serde(default)]
+    kind: Option<String>,
+    /// CDC only: the row's primary key column(s).
+    #[serde(default)]
+    primary_key: Option<cdc::OneOrMany>,
+    /// CDC only: where a change's log position is (`source.lsn`, or `ts_ms` and
+    /// `source.pos`).
+    #[serde(default)]
+    position: Option<cdc::OneOrMany>,
     fields: Vec<FieldSpec>,
 }
 
@@ -78,6 +95,9 @@ pub struct SourceSchema {
     pub fields: Vec<FieldSpec>,
     /// Bronze table schema: event fields, `event_date`, then the meta columns.
     pub bronze: SchemaRef,
+    /// A change-data-capture source's key, position and row columns (its `fields` are
+    /// then the flattened change, see [`cdc`]).
+    pub cdc: Option<Arc<cdc::CdcSpec>>,
 }
 
 impl SourceSchema {
@@ -89,17 +109,47 @@ impl SourceSchema {
         self.fields.iter().any(|f| f.name == name && f.nullable)
     }
 
-    fn from_file(file: SchemaFile, origin: &Path) -> Result<Self> {
+    fn from_file(mut file: SchemaFile, origin: &Path) -> Result<Self> {
         let err = |message: String| Error::Schema {
             file: origin.to_path_buf(),
             message,
+        };
+        let cdc = match file.kind.as_deref() {
+            None | Some("events") => {
+                for (f, v) in [
+                    ("primary_key", &file.primary_key),
+                    ("position", &file.position),
+                ] {
+                    if v.is_some() {
+                        return Err(err(format!(
+                            "`{f}` is only for change-data-capture sources (`\"kind\": \"cdc\"`)"
+                        )));
+                    }
+                }
+                None
+            }
+            Some("cdc") => {
+                let spec = cdc::CdcSpec::from_schema(
+                    &file.fields,
+                    file.primary_key.take(),
+                    file.position.take(),
+                )
+                .map_err(err)?;
+                file.fields = spec.flat_fields();
+                Some(Arc::new(spec))
+            }
+            Some(other) => {
+                return Err(err(format!(
+                    "`kind` must be \"events\" or \"cdc\", got {other:?}"
+                )))
+            }
         };
         let mut seen = std::collections::HashSet::new();
         for f in &file.fields {
             if !seen.insert(f.name.as_str()) {
                 return Err(err(format!("field `{}` is declared twice", f.name)));
             }
-            if f.name.starts_with('_') || f.name == EVENT_DATE {
+            if (f.name.starts_with('_') && cdc.is_none()) || f.name == EVENT_DATE {
                 return Err(err(format!(
                     "field `{}`: names starting with `_` and `{EVENT_DATE}` are reserved for kestrel",
                     f.name
@@ -147,6 +197,7 @@ impl SourceSchema {
             name: file.source,
             fields: file.fields,
             bronze: Arc::new(Schema::new(arrow_fields)),
+            cdc,
         })
     }
 
@@ -211,7 +262,7 @@ pub fn load_all(dir: &Path) -> Result<BTreeMap<String, Arc<SourceSchema>>> {
 pub fn parse(text: &str, origin: &Path) -> Result<SourceSchema> {
     let file: SchemaFile = serde_json::from_str(text).map_err(|e| Error::Schema {
         file: origin.to_path_buf(),
-        message: format!("expected {{\"source\", \"fields\": [{{\"name\", \"type\": string|int64|timestamp, \"nullable\"?, \"enum\"?}}]}}: {e}"),
+        message: format!("expected {{\"source\", \"kind\"?: events|cdc, \"fields\": [{{\"name\", \"type\": string|int64|timestamp, \"nullable\"?, \"enum\"?}}], and for cdc \"primary_key\" and \"position\"}}: {e}"),
     })?;
     SourceSchema::from_file(file, origin)
 }
@@ -223,7 +274,8 @@ mod tests {
     #[test]
     fn builtin_schemas_load() {
         let all = load_all(Path::new("/nonexistent")).unwrap();
-        assert_eq!(all.len(), 4);
+        assert_eq!(all.len(), 5);
+        assert!(all["customers"].cdc.is_some() && all["orders"].cdc.is_none());
         let p = &all["payments"];
         let status = &p.fields[p.index_of("status").unwrap()];
         assert_eq!(status.enum_values.as_ref().unwrap().len(), 4);
