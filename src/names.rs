@@ -34,6 +34,11 @@ pub mod table {
         format!("{GOLD_PREFIX}{job}")
     }
 
+    /// The open sessions of a session job whose gold table is `table`.
+    pub fn open_sessions(table: &str) -> String {
+        format!("{table}_open")
+    }
+
     /// A mirror job's record of the deletes it applied.
     pub fn mirror_deletes(job: &str) -> String {
         format!("_kestrel/mirror/{job}/deletes")
@@ -120,6 +125,11 @@ pub mod app {
         format!("{}-availability", self::job(job))
     }
 
+    /// A session job's open-sessions commits.
+    pub fn open_sessions(job: &str) -> String {
+        format!("{}-open", self::job(job))
+    }
+
     /// A mirror job's history commits.
     pub fn mirror_history(job: &str) -> String {
         format!("{}-history", self::job(job))
@@ -198,6 +208,8 @@ mod tests {
         );
         assert_eq!(lease::job("x"), "job-x");
         assert_eq!(table::mirror_deletes("c"), "_kestrel/mirror/c/deletes");
+        assert_eq!(table::open_sessions("gold/sessions"), "gold/sessions_open");
+        assert_eq!(app::open_sessions("sessions"), "kestrel-job-sessions-open");
         assert_eq!(app::mirror_history("c"), "kestrel-job-c-history");
         assert_eq!(app::mirror_deletes("c"), "kestrel-job-c-deletes");
         assert_eq!(lease::stream("x"), "stream-x");

@@ -49,6 +49,9 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("windows_deleted", DataType::Int64, true),
         Field::new("corrections", DataType::Int64, true),
         Field::new("watermark", ts_type(), true),
+        Field::new("state_ids", DataType::Int64, true),
+        Field::new("state_bytes", DataType::Int64, true),
+        Field::new("checkpoint_bytes", DataType::Int64, true),
         Field::new(PARTITION, DataType::Date32, true),
     ]))
 });
@@ -141,6 +144,41 @@ impl JobEntry {
     }
 }
 
+/// One checkpoint of an always-on stream's state: what it held and what writing it took
+/// (kind `checkpoint`, name = the job, batch id = the job's checkpoint count).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CheckpointEntry {
+    pub run_id: String,
+    pub job: String,
+    /// The job's checkpoints so far, this one included (across restarts).
+    pub number: i64,
+    pub started_at_us: i64,
+    pub finished_at_us: i64,
+    /// Event ids held by the stream's in-memory dedup sets, and their bytes.
+    pub state_ids: i64,
+    pub state_bytes: i64,
+    /// Bytes this (incremental) checkpoint wrote.
+    pub checkpoint_bytes: i64,
+}
+
+impl CheckpointEntry {
+    fn row(&self) -> Row<'_> {
+        Row {
+            run_id: &self.run_id,
+            kind: "checkpoint",
+            name: &self.job,
+            batch_id: self.number,
+            started_at_us: self.started_at_us,
+            finished_at_us: self.finished_at_us,
+            status: "ok",
+            state_ids: Some(self.state_ids),
+            state_bytes: Some(self.state_bytes),
+            checkpoint_bytes: Some(self.checkpoint_bytes),
+            ..Row::default()
+        }
+    }
+}
+
 /// One run-log row: the columns every kind fills, then the kind-specific ones (None is
 /// written as null). The column order is [`SCHEMA`]'s.
 #[derive(Default)]
@@ -169,6 +207,10 @@ struct Row<'a> {
     windows_deleted: Option<i64>,
     corrections: Option<i64>,
     watermark: Option<i64>,
+    // stream checkpoints
+    state_ids: Option<i64>,
+    state_bytes: Option<i64>,
+    checkpoint_bytes: Option<i64>,
 }
 
 impl Row<'_> {
@@ -204,6 +246,9 @@ impl Row<'_> {
                 i(self.windows_deleted),
                 i(self.corrections),
                 ts(self.watermark),
+                i(self.state_ids),
+                i(self.state_bytes),
+                i(self.checkpoint_bytes),
                 Arc::new(Date32Array::from(vec![Some(
                     self.started_at_us.div_euclid(86_400_000_000) as i32,
                 )])),
@@ -240,6 +285,11 @@ pub async fn last_batch(wh: &Warehouse, kind: &str, name: &str) -> Result<i64> {
 
 /// Append an ingestion entry unless that batch is already logged. Returns true if written.
 pub async fn log_ingest(wh: &Warehouse, e: &IngestEntry) -> Result<bool> {
+    append(wh, &e.row()).await
+}
+
+/// Append a stream checkpoint entry unless that number is already logged.
+pub async fn log_checkpoint(wh: &Warehouse, e: &CheckpointEntry) -> Result<bool> {
     append(wh, &e.row()).await
 }
 

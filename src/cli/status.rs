@@ -43,19 +43,34 @@ pub(super) async fn status(
         }
         println!();
         println!(
-            "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+            "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}  state",
             "job", "batch", "last run", "watermark", "W lag", "late/d", "corr./d"
         );
         for j in &st.jobs {
+            let mut state = j
+                .state_bytes
+                .map_or("-".to_string(), |b| format!("{} B", b));
+            if let Some(s) = &j.stream_state {
+                state.push_str(&format!(
+                    "; stream: {} ids, {:.1} MiB (checkpoint {} at {}: {} B in {} ms)",
+                    s.ids,
+                    s.bytes as f64 / (1 << 20) as f64,
+                    s.checkpoint,
+                    s.at,
+                    s.checkpoint_bytes,
+                    s.checkpoint_ms
+                ));
+            }
             println!(
-                "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}",
+                "{:<24} {:>6} {:<21} {:<21} {:>9} {:>8} {:>7}  {}",
                 j.job,
                 j.last_batch.map_or("-".into(), |b| b.to_string()),
                 d(&j.last_run_at),
                 d(&j.watermark),
                 j.watermark_lag_s.map_or("-".into(), |l| format!("{l:.0}s")),
                 j.too_late_day,
-                j.corrections_day
+                j.corrections_day,
+                state
             );
         }
         println!();

@@ -5,4 +5,5 @@
 pub mod aggregate;
 pub mod keys;
 pub mod plan;
+pub mod sessions_open;
 pub mod spec;

@@ -247,7 +247,7 @@ impl<'a> Context<'a> {
             rows,
             partitions: partitions.to_vec(),
             extra_partitions,
-            append_only: false,
+            write: Write::Merge,
         }
     }
 }
@@ -302,9 +302,21 @@ pub struct GoldRows {
     /// (where rows that moved or are deleted may sit now); may be shorter than
     /// `partitions`.
     pub(crate) extra_partitions: Vec<Vec<ScalarValue>>,
+    /// How the rows reach the table.
+    pub(crate) write: Write,
+}
+
+/// How a batch's rows reach their table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// MERGE by the keys: upserts and tombstones (`_op`).
+    Merge,
     /// Every row is an upsert of a key the table does not hold (the operator read the
     /// existing rows): append instead of MERGE, which reads no target file.
-    pub(crate) append_only: bool,
+    Append,
+    /// The rows are the whole table now (a state snapshot such as the open sessions):
+    /// overwrite it — committed every batch, also with no rows.
+    Replace,
 }
 
 /// What a day's recompute reads: the job's state after its last batch, and sessions

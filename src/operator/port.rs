@@ -77,6 +77,13 @@ impl MemoryPort {
         }
     }
 
+    /// Drop table `path` (a warehouse from before the table existed).
+    pub fn remove(&self, path: &str) {
+        if let Ok(mut t) = self.tables.lock() {
+            t.remove(path);
+        }
+    }
+
     /// Append `batches` to table `path`, creating it with their schema.
     pub fn append(&self, path: &str, batches: Vec<RecordBatch>) {
         let Some(schema) = batches.first().map(|b| b.schema()) else {
@@ -92,9 +99,19 @@ impl MemoryPort {
 
     /// Apply a batch's gold rows to their table as its MERGE does: every existing row
     /// whose `out.keys` match a row of `out` goes, and the rows with `_op = 'upsert'`
-    /// come in (without `_op`); the table is created with `out.schema` if absent.
+    /// come in (without `_op`); the table is created with `out.schema` if absent. Rows
+    /// that replace the table ([`super::Write::Replace`]) become its rows.
     pub fn merge(&self, out: &GoldRows) -> Result<()> {
         use crate::columns::{conform, formatters, row_string};
+        if out.write == super::Write::Replace {
+            let rows = out
+                .rows
+                .iter()
+                .map(|b| conform(b, &out.schema))
+                .collect::<Result<Vec<_>>>()?;
+            self.put(&out.table, out.schema.clone(), rows);
+            return Ok(());
+        }
         let keys: Vec<String> = out.keys.iter().map(|(k, _)| k.clone()).collect();
         let target = merge_schema(&out.schema);
         let rows = out

@@ -325,7 +325,7 @@ impl Operator for Select {
             filtered_out: (applied.num_rows() - selected.num_rows()) as i64,
         };
         let mut out = cx.gold_output(spec, gold_schema, vec![rows], &PARTITIONS, Vec::new());
-        out.append_only = true;
+        out.write = crate::operator::Write::Append;
         Computed::new(plan, state, &metrics, late, vec![out])
     }
 

@@ -25,7 +25,7 @@ use crate::job::spec::{is_identifier, Fields};
 use crate::names;
 use crate::operator::metrics::{InputCounts, Metrics};
 use crate::operator::read::{self, consumed_in, take_new_rows, NewRows};
-use crate::operator::{Computed, Context, DayInput, Operator, Restated};
+use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Output, Restated, Write};
 use crate::schema::SourceSchema;
 use crate::sink::late;
 use crate::time::window::WindowSpec;
@@ -224,6 +224,18 @@ fn scanned_columns(plan: &LogicalPlan, out: &mut std::collections::BTreeSet<Stri
 
 #[async_trait::async_trait]
 impl Operator for Windowed {
+    /// A session job also keeps the sessions open at its watermark
+    /// ([`crate::job::sessions_open`]), replaced every batch: its last commit.
+    fn more_outputs(&self, spec: &JobSpec) -> Vec<Output> {
+        match self.window {
+            WindowSpec::Session { .. } => vec![Output {
+                table: names::table::open_sessions(&spec.table),
+                app: names::app::open_sessions(&spec.name),
+            }],
+            _ => Vec::new(),
+        }
+    }
+
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
         Ok(given.unwrap_or_else(|| {
             let mut k = self.keys.to_vec();
@@ -413,13 +425,25 @@ impl Operator for Windowed {
             sessions_deleted: deleted as i64,
             corrections: corrections as i64,
         };
-        Computed::new(
-            plan,
-            state,
-            &metrics,
-            late,
-            vec![cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())],
-        )
+        let mut out = Vec::with_capacity(2);
+        if let WindowSpec::Session { .. } = window {
+            let open = open_sessions(
+                cx,
+                spec,
+                keys,
+                &gold.0,
+                &gold.1,
+                (w_before, w_after),
+                lookback,
+                plan.batch_id,
+            )
+            .await?;
+            out.push(cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new()));
+            out.push(open);
+        } else {
+            out.push(cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new()));
+        }
+        Computed::new(plan, state, &metrics, late, out)
     }
 
     /// A windowed job's rows of windows starting on `day`.
@@ -520,6 +544,52 @@ impl Operator for Windowed {
             with_too_late,
         })
     }
+}
+
+/// The open-sessions table after the batch whose gold merge rows are `rows`: from the
+/// table as the last batch left it — or, the first time, from the gold sessions not yet
+/// final (from W − lookback's date on: sessions are assumed shorter than the lookback).
+#[allow(clippy::too_many_arguments)]
+async fn open_sessions(
+    cx: &Context<'_>,
+    spec: &JobSpec,
+    keys: &[String],
+    gold: &SchemaRef,
+    rows: &[RecordBatch],
+    (w_before, w_after): (Option<Micros>, Option<Micros>),
+    lookback: Micros,
+    batch_id: i64,
+) -> Result<GoldRows> {
+    use crate::job::sessions_open as so;
+    let open = so::schema(gold);
+    let table = names::table::open_sessions(&spec.table);
+    let before = match cx.open(&table, "open").await? {
+        Some(ctx) => read::read(&ctx, "open", datafusion::prelude::lit(true), &open).await?,
+        None => match cx.open(&spec.table, "gold").await? {
+            Some(ctx) => {
+                let mut filter = col("is_final").eq(datafusion::prelude::lit(false));
+                if let Some(w) = w_before {
+                    let days = agg::dates_of(&[(w - lookback, w + 1)]);
+                    filter = read::dates_in(GOLD_PARTITION, &days).and(filter);
+                }
+                read::read(&ctx, "gold", filter, gold).await?
+            }
+            None => RecordBatch::new_empty(gold.clone()),
+        },
+    };
+    let now_open = so::after_batch(&before, rows, keys, &open, w_after, batch_id)?;
+    let mut ident: Vec<(String, bool)> = keys.iter().map(|k| (k.clone(), true)).collect();
+    ident.push(("session_start".to_string(), false));
+    Ok(GoldRows {
+        table,
+        app: names::app::open_sessions(&spec.name),
+        keys: ident,
+        schema: open,
+        rows: vec![now_open],
+        partitions: Vec::new(),
+        extra_partitions: Vec::new(),
+        write: Write::Replace,
+    })
 }
 
 /// Existing gold sessions that overlap one of the `[lo, hi]` `ranges` (ending at or
@@ -776,5 +846,100 @@ late_policy = "side_output"
         // Nothing new: no window changes.
         let m = h.run(&job).await;
         assert_eq!((m["rows_in"], m["windows"]), (0, 0));
+    }
+
+    const SESSIONS: &str = r#"
+name = "visits"
+schedule = "0 */5 * * * *"
+sources = ["orders"]
+keys = ["sku"]
+[window]
+kind = "session"
+gap = "10m"
+[aggregates]
+orders = "count(*)"
+[time]
+watermark_delay = "30s"
+idle_timeout = "1h"
+lookback = "1h"
+"#;
+
+    const OPEN: &str = "SELECT sku, session_start, session_end, orders, watermark FROM t \
+                        ORDER BY sku, session_start";
+
+    /// A session job keeps the sessions open at its watermark as a table: sessions turn
+    /// final and leave it as W passes their end + gap, a late event rewrites a closed
+    /// session without reopening it, a batch with nothing new keeps it, and a warehouse
+    /// without the table starts it from the gold sessions not yet final.
+    #[tokio::test]
+    async fn open_sessions_are_a_table() {
+        let mut h = Harness::new("2026-12-01T12:00:00Z");
+        let job = h.job(SESSIONS).await;
+        h.land(
+            "orders",
+            "2026-12-01T10:03:10Z",
+            &[
+                order("e1", "10:00:00", "A", 1),
+                order("e2", "10:03:00", "A", 1),
+                order("e3", "10:01:00", "B", 1),
+            ],
+        );
+        h.run(&job).await;
+        assert_eq!(
+            h.rows("gold/visits_open", OPEN).await,
+            [
+                "A|2026-12-01T10:00:00Z|2026-12-01T10:03:00Z|2|2026-12-01T10:02:30Z",
+                "B|2026-12-01T10:01:00Z|2026-12-01T10:01:00Z|1|2026-12-01T10:02:30Z",
+            ]
+        );
+        // W = 10:19:30: A (until 10:13) and B (until 10:11) are final; C opens.
+        h.land(
+            "orders",
+            "2026-12-01T10:20:00Z",
+            &[order("e4", "10:20:00", "C", 1)],
+        );
+        h.run(&job).await;
+        assert_eq!(
+            h.rows("gold/visits_open", OPEN).await,
+            ["C|2026-12-01T10:20:00Z|2026-12-01T10:20:00Z|1|2026-12-01T10:19:30Z"]
+        );
+        // Late for A (its session grows, still final); C goes on.
+        h.restart();
+        h.land(
+            "orders",
+            "2026-12-01T10:22:10Z",
+            &[
+                order("e5", "10:05:00", "A", 1),
+                order("e6", "10:22:00", "C", 1),
+            ],
+        );
+        h.run(&job).await;
+        let want = ["C|2026-12-01T10:20:00Z|2026-12-01T10:22:00Z|2|2026-12-01T10:21:30Z"];
+        assert_eq!(h.rows("gold/visits_open", OPEN).await, want);
+        assert_eq!(
+            h.rows(
+                "gold/visits",
+                "SELECT orders, is_final FROM t WHERE sku = 'A'"
+            )
+            .await,
+            ["3|true"]
+        );
+        h.run(&job).await;
+        assert_eq!(h.rows("gold/visits_open", OPEN).await, want);
+        // Without the table (an older warehouse), the next batch starts it from gold.
+        h.port.remove("gold/visits_open");
+        h.land(
+            "orders",
+            "2026-12-01T10:23:10Z",
+            &[order("e7", "10:23:00", "D", 1)],
+        );
+        h.run(&job).await;
+        assert_eq!(
+            h.rows("gold/visits_open", OPEN).await,
+            [
+                "C|2026-12-01T10:20:00Z|2026-12-01T10:22:00Z|2|2026-12-01T10:22:30Z",
+                "D|2026-12-01T10:23:00Z|2026-12-01T10:23:00Z|1|2026-12-01T10:22:30Z",
+            ]
+        );
     }
 }

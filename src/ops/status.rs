@@ -1,7 +1,9 @@
 //! `kestrel status`: per source and job, the last run and its result, each job's
 //! watermark and how far it trails the newest event it has seen, late and quarantined
-//! counts over the last day, and the freshness of every gold table (age of its newest
-//! Delta commit) — with a check usable from cron or a monitor.
+//! counts over the last day, the size of each job's state (its durable batch state, and
+//! an always-on stream's in-memory state at its last checkpoint), and the freshness of
+//! every gold table (age of its newest Delta commit) — with a check usable from cron or
+//! a monitor.
 
 use std::collections::BTreeMap;
 
@@ -46,6 +48,24 @@ pub struct JobStatus {
     /// Over the last 24 hours of runs.
     pub too_late_day: i64,
     pub corrections_day: i64,
+    /// The job's durable state between batches (watermarks per source partition,
+    /// positions, cut-offs: its last batch result), in bytes.
+    pub state_bytes: Option<usize>,
+    /// When it runs always-on: the state its stream held at the last checkpoint.
+    pub stream_state: Option<StreamState>,
+}
+
+/// An always-on stream's state at its last checkpoint (from the run log).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StreamState {
+    pub checkpoint: i64,
+    pub at: String,
+    /// Event ids held in memory for deduplication, and their bytes.
+    pub ids: i64,
+    pub bytes: i64,
+    /// What writing the (incremental) checkpoint took.
+    pub checkpoint_bytes: i64,
+    pub checkpoint_ms: i64,
 }
 
 /// One gold table.
@@ -162,6 +182,51 @@ async fn run_summaries(
     Ok(out)
 }
 
+/// Per job, the state its stream held at its last checkpoint (none before any stream
+/// checkpointed: the run log then has no checkpoint columns).
+async fn stream_states(wh: &Warehouse) -> Result<BTreeMap<String, StreamState>> {
+    let mut out = BTreeMap::new();
+    let Some(t) = wh.open(crate::names::table::RUNS).await? else {
+        return Ok(out);
+    };
+    if !delta::table_columns(&t)?.iter().any(|c| c == "state_ids") {
+        return Ok(out);
+    }
+    let ctx = delta::session_with(&t, "runs").await?;
+    let sql = "SELECT r.name, r.batch_id, CAST(to_unixtime(r.finished_at) * 1000000 AS BIGINT), \
+               r.state_ids, r.state_bytes, r.checkpoint_bytes, r.duration_ms FROM runs r JOIN \
+               (SELECT name, max(batch_id) AS b FROM runs WHERE kind = 'checkpoint' GROUP BY name) m \
+               ON r.name = m.name AND r.batch_id = m.b WHERE r.kind = 'checkpoint'";
+    for b in delta::sql(&ctx, sql).await? {
+        let name = crate::columns::string_at(&b, 0)?;
+        let ints: Vec<_> = (1..7)
+            .map(|i| crate::columns::int64_at(&b, i))
+            .collect::<std::result::Result<_, _>>()?;
+        for r in 0..b.num_rows() {
+            let v = |i: usize| {
+                let c: &arrow::array::Int64Array = &ints[i];
+                if arrow::array::Array::is_valid(c, r) {
+                    c.value(r)
+                } else {
+                    0
+                }
+            };
+            out.insert(
+                name.value(r).to_string(),
+                StreamState {
+                    checkpoint: v(0),
+                    at: iso(v(1)),
+                    ids: v(2),
+                    bytes: v(3),
+                    checkpoint_bytes: v(4),
+                    checkpoint_ms: v(5),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// Collect the status of `sources` and `jobs` at `now` (micros).
 pub async fn collect(
     wh: &Warehouse,
@@ -170,6 +235,7 @@ pub async fn collect(
     now: Micros,
 ) -> Result<Status> {
     let runs = run_summaries(wh, now).await?;
+    let mut streams = stream_states(wh).await?;
     let mut status = Status {
         now: iso(now),
         ..Default::default()
@@ -196,10 +262,12 @@ pub async fn collect(
             last_status: r.map(|r| r.status.clone()),
             too_late_day: r.map_or(0, |r| r.too_late),
             corrections_day: r.map_or(0, |r| r.corrections),
+            stream_state: streams.remove(&spec.name),
             ..Default::default()
         };
         if let Some(r) = r {
             if let Some(result) = plan::read_result(wh, &spec.name, r.last_batch).await? {
+                js.state_bytes = Some(serde_json::to_vec(&result.state)?.len());
                 let w = result.state.watermark.current;
                 let newest = result
                     .state

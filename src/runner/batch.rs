@@ -35,7 +35,7 @@ use crate::job::plan::{self, Input, JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::names;
-use crate::operator::{read, Computed, Context, GoldRows};
+use crate::operator::{read, Computed, Context, GoldRows, Write};
 use crate::runlog::{self, JobEntry};
 use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
@@ -437,7 +437,7 @@ impl JobRunner {
     /// transaction is found and nothing is written. Retries back off with jitter and give
     /// up after [`MERGE_ATTEMPTS`], reporting the table.
     async fn merge_gold(&self, spec: &JobSpec, out: GoldRows, n: i64) -> Result<Option<i64>> {
-        if out.rows.iter().all(|b| b.num_rows() == 0) {
+        if out.write != Write::Replace && out.rows.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }
         let mut attempt = 1;
@@ -469,15 +469,20 @@ impl JobRunner {
             return Ok(None);
         }
         fault::pause("job_before_gold_commit").await;
-        if out.append_only {
+        if out.write != Write::Merge {
             let rows = out
                 .rows
                 .iter()
                 .map(|b| read::conform(b, &out.schema))
                 .collect::<Result<Vec<_>>>()?;
             let written = rows.iter().map(|b| b.num_rows() as i64).sum();
-            delta::append(table, rows, &out.partitions, &out.app, n).await?;
-            info!(job = %spec.name, table = %out.table, batch = n, inserted = written, "gold append");
+            if out.write == Write::Replace {
+                delta::overwrite(table, rows, &out.schema, &out.app, n).await?;
+                info!(job = %spec.name, table = %out.table, batch = n, rows = written, "gold replaced");
+            } else {
+                delta::append(table, rows, &out.partitions, &out.app, n).await?;
+                info!(job = %spec.name, table = %out.table, batch = n, inserted = written, "gold append");
+            }
             return Ok(Some(written));
         }
         let ms = MergeSpec {

@@ -276,6 +276,11 @@ impl Ingestor {
     }
 
     /// Ids and bytes held by `source`'s in-memory dedup set, if one is kept.
+    /// The id of this process's run (stamped on its run-log rows).
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     pub fn dedup_set_size(&self, source: &str) -> Option<(usize, usize)> {
         let g = self.cache.lock().ok()?;
         g.get(source).map(|s| (s.len(), s.bytes()))

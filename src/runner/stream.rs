@@ -15,7 +15,9 @@
 //! arrival time in memory ([`crate::source::dedup::DedupSet`]), so a poll does not query
 //! bronze for duplicates; the set's size is reported with every poll. The set is
 //! checkpointed every `checkpoint_every` (10 s) and when the stream stops
-//! ([`crate::runner::checkpoint`]); a restart loads the checkpoint and tops it up with
+//! ([`crate::runner::checkpoint`]), and each checkpoint is a run-log row (kind
+//! `checkpoint`: the ids and bytes the sets hold, the bytes written, how long it took —
+//! what `kestrel status` shows as the job's stream state); a restart loads the checkpoint and tops it up with
 //! the ids of the ingestion batches completed after it (without one, it rebuilds the set
 //! from bronze).
 //!
@@ -31,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::job::spec::JobSpec;
 use crate::lease::Lease;
 use crate::names;
+use crate::runlog;
 use crate::runner::batch::JobRunner;
 use crate::runner::checkpoint as ckpt;
 use crate::runner::ingest::{DedupLoad, Ingestor};
@@ -124,14 +127,17 @@ impl Positions {
     }
 }
 
-/// Checkpoint every source's dedup set (incrementally); returns (milliseconds, bytes).
+/// Checkpoint every source's dedup set (incrementally) and log it in the run log as the
+/// job's checkpoint `base + seq` (its state size and what writing it took); returns
+/// (milliseconds, bytes).
 async fn checkpoint(
     ing: &Ingestor,
     spec: &JobSpec,
     positions: &mut Positions,
-    seq: &mut u64,
+    (base, seq): (i64, &mut u64),
 ) -> Result<(u64, usize)> {
     let t = Instant::now();
+    let started_at_us = ing.clock().now_us();
     let mut bytes = 0;
     *seq += 1;
     for (source, (now, saved, written)) in positions.0.iter_mut() {
@@ -159,7 +165,26 @@ async fn checkpoint(
             *saved = *now;
         }
     }
-    Ok((t.elapsed().as_millis() as u64, bytes))
+    let ms = t.elapsed().as_millis() as u64;
+    let (mut ids, mut held) = (0, 0);
+    for s in &spec.sources {
+        if let Some((n, b)) = ing.dedup_set_size(s) {
+            ids += n;
+            held += b;
+        }
+    }
+    let entry = runlog::CheckpointEntry {
+        run_id: ing.run_id().to_string(),
+        job: spec.name.clone(),
+        number: base + *seq as i64,
+        started_at_us,
+        finished_at_us: started_at_us + (ms as i64) * 1000,
+        state_ids: ids as i64,
+        state_bytes: held as i64,
+        checkpoint_bytes: bytes as i64,
+    };
+    runlog::log_checkpoint(ing.warehouse(), &entry).await?;
+    Ok((ms, bytes))
 }
 
 /// Run `spec` always-on until stopped (or the options' limits).
@@ -198,12 +223,14 @@ pub async fn run(
             spec,
             opts,
             stop,
+            logged: runlog::last_batch(wh, "checkpoint", &spec.name).await?,
         };
         let mut summary = poll_loop(&parts, &mut lease, &mut positions, &mut report).await?;
         summary.loads = loads;
         // The final checkpoint: a restart then reads only what lands after it.
         let mut seq = summary.checkpoints;
-        summary.final_checkpoint = Some(checkpoint(ing, spec, &mut positions, &mut seq).await?);
+        summary.final_checkpoint =
+            Some(checkpoint(ing, spec, &mut positions, (parts.logged, &mut seq)).await?);
         summary.checkpoints = seq;
         Ok(summary)
     }
@@ -221,6 +248,8 @@ struct Parts<'a> {
     spec: &'a JobSpec,
     opts: &'a StreamOptions,
     stop: &'a StopFlag,
+    /// The job's checkpoints in the run log before this run.
+    logged: i64,
 }
 
 async fn poll_loop(
@@ -241,6 +270,7 @@ async fn poll_loop(
         spec,
         opts,
         stop,
+        logged,
     } = *parts;
     while !stop.stopped() && opts.max_polls.is_none_or(|m| summary.polls < m) {
         let t = Instant::now();
@@ -297,7 +327,7 @@ async fn poll_loop(
             }
         }
         if checkpointed.elapsed() >= opts.checkpoint_every && positions.dirty() {
-            r.checkpoint = Some(checkpoint(ing, spec, positions, &mut seq).await?);
+            r.checkpoint = Some(checkpoint(ing, spec, positions, (logged, &mut seq)).await?);
             summary.checkpoints = seq;
             checkpointed = Instant::now();
         }

@@ -501,6 +501,38 @@ async fn write_append(
     r
 }
 
+/// Replace every row of `table` by `batches` (of `schema`; none is an empty table) in
+/// one commit carrying `(app_id, version)`.
+pub async fn overwrite(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    schema: &SchemaRef,
+    app_id: &str,
+    version: i64,
+) -> Result<DeltaTable> {
+    let url = table.table_url().to_string();
+    let batches = if batches.is_empty() {
+        vec![RecordBatch::new_empty(schema.clone())]
+    } else {
+        batches
+    };
+    let t = std::time::Instant::now();
+    let r = table
+        .write(batches)
+        .with_save_mode(SaveMode::Overwrite)
+        .with_commit_properties(txn_props(app_id, version))
+        .await
+        .map_err(|e| Error::delta(&url, e));
+    super::timings::record(
+        format!("overwrite {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
+    if let Ok(t) = &r {
+        super::tables::keep(t);
+    }
+    r
+}
+
 /// The partition columns of `table` (tables created by an earlier release may lack one
 /// a newer release would create).
 pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {

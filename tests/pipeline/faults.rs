@@ -40,8 +40,17 @@ pub(crate) const SKIP: [&str; 6] = [
 
 /// Every table a replay of the demo writes (late ledgers absent in both compare equal).
 pub(crate) fn replay_tables() -> Vec<String> {
-    let mut tables = vec!["_kestrel/ledger".to_string()];
-    for s in ["clickstream", "orders", "payments", "inventory"] {
+    let mut tables = vec![
+        "_kestrel/ledger".to_string(),
+        "_kestrel/mirror/customers/deletes".to_string(),
+    ];
+    for s in [
+        "clickstream",
+        "orders",
+        "payments",
+        "inventory",
+        "customers",
+    ] {
         tables.push(format!("bronze/{s}"));
         tables.push(format!("quarantine/{s}"));
     }
@@ -53,6 +62,7 @@ pub(crate) fn replay_tables() -> Vec<String> {
         "payments_fast",
         "payment_reconciliation",
         "stockout",
+        "customers",
     ] {
         tables.push(format!("late/{j}"));
     }
@@ -65,6 +75,9 @@ pub(crate) fn replay_tables() -> Vec<String> {
         "payment_reconciliation",
         "stockout_alerts",
         "sku_availability",
+        "sessions_open",
+        "customers",
+        "customers_history",
     ] {
         tables.push(format!("gold/{t}"));
     }

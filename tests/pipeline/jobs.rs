@@ -281,7 +281,23 @@ fn check_gold(env: &Env, orders: &[O], clicks: &[C], w: i64) {
         sorted(sessions(clicks, w)),
         "sessions"
     );
+    // State as data: the sessions open at W are a table of their own.
+    let open: Rows = sessions(clicks, w)
+        .into_iter()
+        .filter(|r| r[5] == "false")
+        .map(|mut r| {
+            r[5] = w.to_string();
+            r
+        })
+        .collect();
+    assert_eq!(
+        gold(env, "sessions_open", Q_OPEN),
+        sorted(open),
+        "sessions_open"
+    );
 }
+
+const Q_OPEN: &str = "SELECT anonymous_id, to_unixtime(session_start), to_unixtime(session_end), events, page_views, to_unixtime(watermark) FROM t ORDER BY anonymous_id, session_start";
 
 fn all_of(drops: &[Drop]) -> (Vec<O>, Vec<C>) {
     let mut os = Vec::new();

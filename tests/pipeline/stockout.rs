@@ -591,6 +591,28 @@ fn the_stream_dedups_within_its_ttl_and_forgets_after_it() {
     // Three hours later e1 once more: its hour is past the 1 h TTL, so it is new.
     land(&env, 3, T0 + 3 * 3600, std::slice::from_ref(&e1));
     poll(&env);
+    // State as data: each checkpoint (one per stream run here, when it stops) is a
+    // run-log row with the state's size, numbered across restarts; status shows the last.
+    let ckpts = env.query(
+        "_kestrel/runs",
+        "SELECT batch_id, state_ids, state_bytes > 0, checkpoint_bytes > 0, duration_ms >= 0 \
+         FROM t WHERE kind = 'checkpoint' AND name = 'stockout' ORDER BY batch_id",
+    );
+    let row = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(ckpts.len(), 3, "{ckpts:?}");
+    assert_eq!(ckpts[0], row(&["1", "1", "true", "true", "true"]));
+    assert_eq!(ckpts[1], row(&["2", "2", "true", "true", "true"]));
+    let st: serde_json::Value =
+        serde_json::from_str(&env.run_ok(&["status", "--json", "--job", "stockout"], 0)).unwrap();
+    let job = &st["jobs"][0];
+    assert_eq!(job["stream_state"]["checkpoint"], 3, "{job}");
+    assert_eq!(job["stream_state"]["ids"].to_string(), ckpts[2][1], "{job}");
+    assert!(job["state_bytes"].as_u64().unwrap() > 0, "{job}");
+    let text = env.run_ok(&["status", "--job", "stockout"], 0);
+    assert!(
+        text.contains("stream: ") && text.contains("(checkpoint 3 at "),
+        "{text}"
+    );
     let dups = env.query(
         "_kestrel/runs",
         "SELECT batch_id, duplicates FROM t WHERE kind = 'ingest' ORDER BY batch_id",

@@ -51,7 +51,7 @@ use crate::job::spec::{Fields, JobSpec};
 use crate::names;
 use crate::operator::metrics::{InputCounts, Metrics};
 use crate::operator::read::{self, take_new_rows, NewRows};
-use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Output, Restated};
+use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Output, Restated, Write};
 use crate::schema::cdc;
 use crate::schema::{arrow_type, ts_type, SourceSchema};
 use apply::{Applied, Change, Current, CurrentWrite, Deleted, Held, Pos, Src, Version};
@@ -667,7 +667,7 @@ impl Mirror {
         cols.push(Arc::new(StringArray::from(vec!["upsert"; srcs.len()])));
         let rows = RecordBatch::try_new(agg::merge_schema(&schema), cols)?;
         let mut out = self.output(table, names::app::mirror_deletes(&spec.name), schema, rows);
-        out.append_only = true;
+        out.write = Write::Append;
         Ok(out)
     }
 
@@ -716,7 +716,7 @@ impl Mirror {
             rows: vec![rows],
             partitions: PARTITIONS.to_vec(),
             extra_partitions: Vec::new(),
-            append_only: false,
+            write: Write::Merge,
         }
     }
 }

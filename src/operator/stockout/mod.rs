@@ -27,7 +27,7 @@ use crate::names;
 use crate::operator::metrics::{InputCounts, Metrics};
 use crate::operator::read::{self, consumed_in, take_new_rows, NewRows};
 use crate::operator::stockout::detect::{self as so, AlertChanges, Event, SkuState, Start};
-use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Restated};
+use crate::operator::{Computed, Context, DayInput, GoldRows, Operator, Restated, Write};
 use crate::schema::SourceSchema;
 use crate::sink::late;
 use crate::time::micros;
@@ -372,7 +372,9 @@ impl Operator for Stockout {
             &[so::ALERT_DATE],
             Vec::new(),
         );
-        alerts_out.append_only = append_only;
+        if append_only {
+            alerts_out.write = Write::Append;
+        }
         let gold = vec![
             alerts_out,
             GoldRows {
@@ -383,7 +385,7 @@ impl Operator for Stockout {
                 rows: vec![availability],
                 partitions: vec![so::BUCKET],
                 extra_partitions: Vec::new(),
-                append_only: false,
+                write: Write::Merge,
             },
         ];
         Computed::new(plan, state, &metrics, late_rows, gold)
