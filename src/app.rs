@@ -91,6 +91,11 @@ impl App {
         self.ingestor.warehouse()
     }
 
+    /// The landing zone.
+    pub fn landing(&self) -> &crate::storage::Location {
+        self.ingestor.landing()
+    }
+
     /// The job called `name`, or an error listing the known ones.
     pub fn job(&self, name: &str) -> Result<&JobSpec> {
         self.jobs.get(name).ok_or_else(|| Error::UnknownJob {

@@ -49,6 +49,9 @@ pub static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("windows_deleted", DataType::Int64, true),
         Field::new("corrections", DataType::Int64, true),
         Field::new("watermark", ts_type(), true),
+        Field::new("landed_oldest", ts_type(), true),
+        Field::new("cpu_ms", DataType::Int64, true),
+        Field::new("resumed", DataType::Boolean, true),
         Field::new("state_ids", DataType::Int64, true),
         Field::new("state_bytes", DataType::Int64, true),
         Field::new("checkpoint_bytes", DataType::Int64, true),
@@ -74,6 +77,12 @@ pub struct IngestEntry {
     pub bronze_version: Option<i64>,
     pub status: String,
     pub message: Option<String>,
+    /// Arrival time of the batch's oldest file.
+    pub landed_oldest_us: Option<i64>,
+    /// CPU time the process used for the batch.
+    pub cpu_ms: i64,
+    /// The batch's plan was found, not made: a run before was interrupted in it.
+    pub resumed: bool,
 }
 
 impl IngestEntry {
@@ -95,6 +104,9 @@ impl IngestEntry {
             duplicates: Some(self.duplicates),
             quarantined: Some(self.quarantined),
             bronze_version: self.bronze_version,
+            landed_oldest: self.landed_oldest_us,
+            cpu_ms: Some(self.cpu_ms),
+            resumed: Some(self.resumed),
             ..Row::default()
         }
     }
@@ -117,6 +129,10 @@ pub struct JobEntry {
     /// `counts`, one shape for every operator).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metrics: std::collections::BTreeMap<String, i64>,
+    /// CPU time the process used for the batch.
+    pub cpu_ms: i64,
+    /// The batch's plan was found, not made: a run before was interrupted in it.
+    pub resumed: bool,
 }
 
 impl JobEntry {
@@ -139,6 +155,9 @@ impl JobEntry {
             windows_deleted: Some(c.deleted),
             corrections: Some(c.corrections),
             watermark: c.watermark_after,
+            landed_oldest: c.oldest_landed,
+            cpu_ms: Some(self.cpu_ms),
+            resumed: Some(self.resumed),
             ..Row::default()
         }
     }
@@ -207,6 +226,10 @@ struct Row<'a> {
     windows_deleted: Option<i64>,
     corrections: Option<i64>,
     watermark: Option<i64>,
+    // service levels
+    landed_oldest: Option<i64>,
+    cpu_ms: Option<i64>,
+    resumed: Option<bool>,
     // stream checkpoints
     state_ids: Option<i64>,
     state_bytes: Option<i64>,
@@ -246,6 +269,9 @@ impl Row<'_> {
                 i(self.windows_deleted),
                 i(self.corrections),
                 ts(self.watermark),
+                ts(self.landed_oldest),
+                i(self.cpu_ms),
+                Arc::new(arrow::array::BooleanArray::from(vec![self.resumed])),
                 i(self.state_ids),
                 i(self.state_bytes),
                 i(self.checkpoint_bytes),

@@ -77,13 +77,15 @@ enum Cmd {
         #[arg(long, default_value = "1h")]
         maintain_every: String,
     },
-    /// Last runs, watermarks, late and quarantined counts, and gold-table freshness.
+    /// Last runs, watermarks, late and quarantined counts, state, service levels and
+    /// gold-table freshness.
     Status {
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
-        /// Exit 4 (naming them on stderr) if any gold table is older than --max-age.
-        #[arg(long, requires = "max_age")]
+        /// Exit 4 (naming them on stderr) if a job breaches one of its [slo] objectives
+        /// or, with --max-age, a gold table is older than that.
+        #[arg(long)]
         check: bool,
         /// Freshness limit for --check, e.g. 15m.
         #[arg(long)]

@@ -20,7 +20,7 @@ pub(super) async fn status(
     let jobs = app.select_jobs(&only_jobs)?;
     let sources = app.select_sources(&[])?;
     let now = chrono::Utc::now().timestamp_micros();
-    let st = status::collect(app.warehouse(), &sources, &jobs, now).await?;
+    let st = status::collect(app.warehouse(), Some(app.landing()), &sources, &jobs, now).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&st)?);
     } else {
@@ -74,6 +74,33 @@ pub(super) async fn status(
             );
         }
         println!();
+        println!(
+            "{:<24} {:>9} {:>9} {:>16} {:>8} {:>8} {:>9} {:>10}  breached",
+            "service levels", "p50", "p99", "unread", "skew", "late", "recovery", "CPU s/M"
+        );
+        for j in &st.jobs {
+            let l = &j.slo;
+            let s = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}s"));
+            println!(
+                "{:<24} {:>9} {:>9} {:>16} {:>8} {:>8} {:>9} {:>10}  {}",
+                j.job,
+                s(l.latency_p50_s),
+                s(l.latency_p99_s),
+                format!("{} ({})", l.lag_files, s(l.lag_oldest_s)),
+                s(l.skew_s),
+                l.late_rate
+                    .map_or("-".into(), |r| format!("{:.2}%", r * 100.0)),
+                s(l.recovery_s),
+                l.cpu_s_per_million
+                    .map_or("-".into(), |c| format!("{c:.1}")),
+                if l.breaches.is_empty() {
+                    "-".to_string()
+                } else {
+                    l.breaches.join("; ")
+                }
+            );
+        }
+        println!();
         println!("{:<28} {:<21} {:>10}", "gold table", "last commit", "age");
         for t in &st.tables {
             println!(
@@ -84,15 +111,30 @@ pub(super) async fn status(
             );
         }
     }
-    if let (true, Some(max_age)) = (check, max_age) {
-        let stale = status::stale(&st, max_age);
-        if !stale.is_empty() {
-            eprintln!(
-                "kestrel: {} gold table(s) older than {}: {}",
-                stale.len(),
-                humantime_secs(max_age),
-                stale.join(", ")
-            );
+    if check {
+        // One line naming every problem: stale tables, then breached objectives.
+        let mut problems = Vec::new();
+        if let Some(max_age) = max_age {
+            let stale = status::stale(&st, max_age);
+            if !stale.is_empty() {
+                problems.push(format!(
+                    "{} gold table(s) older than {}: {}",
+                    stale.len(),
+                    humantime_secs(max_age),
+                    stale.join(", ")
+                ));
+            }
+        }
+        let breaches = status::breaches(&st);
+        if !breaches.is_empty() {
+            problems.push(format!(
+                "{} service-level objective(s) breached: {}",
+                breaches.len(),
+                breaches.join("; ")
+            ));
+        }
+        if !problems.is_empty() {
+            eprintln!("kestrel: {}", problems.join("; "));
             return Ok(ExitCode::from(4));
         }
     }

@@ -113,6 +113,10 @@ pub struct JobCounts {
     pub corrections: i64,
     pub watermark_before: Option<Micros>,
     pub watermark_after: Option<Micros>,
+    /// Arrival time of the oldest file whose rows the batch read (None: no rows; and in
+    /// results written before it was kept).
+    #[serde(default)]
+    pub oldest_landed: Option<Micros>,
 }
 
 /// The outcome of a computed job batch, durable before its commits.

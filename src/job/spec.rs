@@ -73,6 +73,106 @@ pub struct JobSpec {
     pub table: String,
     /// MERGE keys of the gold table.
     pub merge_keys: Vec<String>,
+    /// Service-level objectives (`[slo]`), checked by `kestrel status --check`.
+    pub slo: Slo,
+}
+
+/// A job's service-level objectives (`[slo]`); each is optional, and `kestrel status`
+/// reports every measure whether or not it has an objective.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Slo {
+    /// p99 of end-to-end latency (a file landed → its rows committed to gold) over the
+    /// job's last batches.
+    pub max_latency: Option<Duration>,
+    /// Age of the oldest file of the job's sources landed and not yet ingested.
+    pub max_consumer_lag: Option<Duration>,
+    /// Event-time skew between the partitions of one of the job's sources.
+    pub max_skew: Option<Duration>,
+    /// Fraction of the events the job read over the last day that were too late.
+    pub max_late_rate: Option<f64>,
+    /// The job's state: durable bytes plus its stream's in-memory bytes.
+    pub max_state_bytes: Option<u64>,
+    /// Duration of the last batch that resumed an interrupted run.
+    pub max_recovery: Option<Duration>,
+    /// CPU seconds per million events read, over the last day of batches.
+    pub max_cpu_s_per_million: Option<f64>,
+}
+
+/// The objectives of `[slo]`.
+fn parse_slo(s: &Fields<'_>) -> Result<Slo> {
+    s.only(&[
+        "max_latency",
+        "max_consumer_lag",
+        "max_skew",
+        "max_late_rate",
+        "max_state_bytes",
+        "max_recovery",
+        "max_cpu_s_per_million",
+    ])?;
+    let dur = |k: &str| -> Result<Option<Duration>> {
+        s.str_opt(k)?
+            .map(|v| {
+                parse_duration(v).map_err(|e| s.err(k, format!("a duration such as \"60s\" ({e})")))
+            })
+            .transpose()
+    };
+    let number = |k: &str| -> Result<Option<f64>> {
+        match s.table.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_float()
+                .or_else(|| v.as_integer().map(|i| i as f64))
+                .filter(|x| *x >= 0.0)
+                .map(Some)
+                .ok_or_else(|| s.err(k, format!("a number ≥ 0, got {v}"))),
+        }
+    };
+    let bytes = match s.table.get("max_state_bytes") {
+        None => None,
+        Some(v) => Some(
+            v.as_integer()
+                .and_then(|i| u64::try_from(i).ok())
+                .or_else(|| v.as_str().and_then(parse_bytes))
+                .ok_or_else(|| {
+                    s.err(
+                        "max_state_bytes",
+                        format!("bytes: an integer or a size such as \"512MiB\", got {v}"),
+                    )
+                })?,
+        ),
+    };
+    let late = number("max_late_rate")?;
+    if late.is_some_and(|r| r > 1.0) {
+        return Err(s.err("max_late_rate", "a fraction from 0 to 1"));
+    }
+    Ok(Slo {
+        max_latency: dur("max_latency")?,
+        max_consumer_lag: dur("max_consumer_lag")?,
+        max_skew: dur("max_skew")?,
+        max_late_rate: late,
+        max_state_bytes: bytes,
+        max_recovery: dur("max_recovery")?,
+        max_cpu_s_per_million: number("max_cpu_s_per_million")?,
+    })
+}
+
+/// `"512MiB"`, `"2GB"`, `"100KiB"`, `"42B"` or `"42"` as bytes.
+fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let m: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(m)
 }
 
 pub(crate) struct Fields<'a> {
@@ -184,6 +284,7 @@ pub async fn parse(
         "params",
         "time",
         "sink",
+        "slo",
     ])?;
     let name = top.str("name")?.to_string();
     if !is_identifier(&name) {
@@ -295,7 +396,12 @@ pub async fn parse(
             .merge_keys(given)
             .map_err(|want| Error::config(file, "sink.merge_keys", want))?,
     };
+    let slo = match top.sub("slo")? {
+        Some(s) => parse_slo(&s)?,
+        None => Slo::default(),
+    };
     Ok(JobSpec {
+        slo,
         name,
         file: file.to_string(),
         schedule,

@@ -24,6 +24,8 @@ pub struct InputCounts {
     pub too_late: i64,
     pub watermark_before: Option<Micros>,
     pub watermark_after: Option<Micros>,
+    /// Arrival time of the oldest file whose rows the batch read.
+    pub oldest_landed: Option<Micros>,
 }
 
 /// An operator's batch metrics.
@@ -47,6 +49,7 @@ pub trait Metrics: Serialize {
             corrections,
             watermark_before: i.watermark_before,
             watermark_after: i.watermark_after,
+            oldest_landed: i.oldest_landed,
         }
     }
 }
@@ -103,6 +106,7 @@ mod tests {
                 too_late: 1,
                 watermark_before: None,
                 watermark_after: Some(7),
+                oldest_landed: None,
             },
             things: 3,
             gone: 2,

@@ -262,6 +262,8 @@ pub struct NewRows {
     pub(crate) applied: RecordBatch,
     /// The too-late rows with every bronze column (for the late ledger).
     pub(crate) too_late: RecordBatch,
+    /// Arrival time of the oldest file among the new rows.
+    pub(crate) oldest_landed: Option<Micros>,
 }
 
 /// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
@@ -285,6 +287,7 @@ pub(crate) async fn take_new_rows(
         new: RecordBatch::new_empty(target.clone()),
         applied: RecordBatch::new_empty(target.clone()),
         too_late: RecordBatch::new_empty(bronze.clone()),
+        oldest_landed: None,
     };
     if input.upto_batch <= input.after_batch {
         return Ok(empty());
@@ -302,10 +305,18 @@ pub(crate) async fn take_new_rows(
                 }
                 _ => RecordBatch::new_empty(bronze.clone()),
             };
+            let oldest_landed = new
+                .column_by_name("_landed_at")
+                .and_then(|c| {
+                    c.as_any()
+                        .downcast_ref::<arrow::array::TimestampMicrosecondArray>()
+                })
+                .and_then(arrow::compute::min);
             NewRows {
                 new,
                 applied,
                 too_late,
+                oldest_landed,
             }
         }
     };

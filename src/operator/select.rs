@@ -289,6 +289,7 @@ impl Operator for Select {
             new,
             applied,
             too_late,
+            oldest_landed,
         } = take_new_rows(
             ctx.as_ref(),
             "bronze",
@@ -320,6 +321,7 @@ impl Operator for Select {
                 too_late: too_late.num_rows() as i64,
                 watermark_before: w_before,
                 watermark_after: w_after,
+                oldest_landed,
             },
             selected: selected.num_rows() as i64,
             filtered_out: (applied.num_rows() - selected.num_rows()) as i64,

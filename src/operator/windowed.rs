@@ -279,6 +279,7 @@ impl Operator for Windowed {
             new,
             applied,
             too_late: late_rows,
+            oldest_landed,
         } = take_new_rows(
             ctx.as_ref(),
             "bronze",
@@ -420,6 +421,7 @@ impl Operator for Windowed {
                 too_late: late_rows.num_rows() as i64,
                 watermark_before: w_before,
                 watermark_after: w_after,
+                oldest_landed,
             },
             windows: windows as i64,
             sessions_deleted: deleted as i64,

@@ -230,6 +230,87 @@ impl Metrics {
                         .map(|l| (format!("job=\"{}\"", escape(&j.job)), l))
                 }),
             );
+            let job = |j: &crate::ops::status::JobStatus| format!("job=\"{}\"", escape(&j.job));
+            let per_job =
+                |out: &mut String,
+                 name: &str,
+                 help: &str,
+                 f: &dyn Fn(&crate::ops::slo::ServiceLevels) -> Option<f64>| {
+                    gauge(
+                        out,
+                        name,
+                        help,
+                        st.jobs
+                            .iter()
+                            .filter_map(|j| f(&j.slo).map(|v| (job(j), v))),
+                    );
+                };
+            gauge(
+                &mut out,
+                "kestrel_e2e_latency_seconds",
+                "End-to-end latency (file landed to rows in gold) over the last batches.",
+                st.jobs.iter().flat_map(|j| {
+                    [("0.5", j.slo.latency_p50_s), ("0.99", j.slo.latency_p99_s)]
+                        .into_iter()
+                        .filter_map(move |(q, v)| {
+                            v.map(|v| (format!("{},quantile=\"{q}\"", job(j)), v))
+                        })
+                }),
+            );
+            per_job(
+                &mut out,
+                "kestrel_consumer_lag_files",
+                "Files of the job's sources landed and not yet ingested.",
+                &|l| Some(l.lag_files as f64),
+            );
+            per_job(
+                &mut out,
+                "kestrel_consumer_lag_bytes",
+                "Bytes of the files landed and not yet ingested.",
+                &|l| Some(l.lag_bytes as f64),
+            );
+            per_job(
+                &mut out,
+                "kestrel_consumer_lag_oldest_seconds",
+                "Age of the oldest file landed and not yet ingested.",
+                &|l| l.lag_oldest_s,
+            );
+            per_job(
+                &mut out,
+                "kestrel_event_time_skew_seconds",
+                "Greatest event-time spread between the partitions of one source.",
+                &|l| l.skew_s,
+            );
+            per_job(
+                &mut out,
+                "kestrel_late_event_ratio",
+                "Too-late events over events read, last day.",
+                &|l| l.late_rate,
+            );
+            per_job(
+                &mut out,
+                "kestrel_state_bytes",
+                "The job's durable state plus its stream's in-memory state.",
+                &|l| l.state_bytes.map(|b| b as f64),
+            );
+            per_job(
+                &mut out,
+                "kestrel_recovery_seconds",
+                "Duration of the newest batch that resumed an interrupted run.",
+                &|l| l.recovery_s,
+            );
+            per_job(
+                &mut out,
+                "kestrel_cpu_seconds_per_million_events",
+                "CPU seconds of the job's batches per million events read, last day.",
+                &|l| l.cpu_s_per_million,
+            );
+            per_job(
+                &mut out,
+                "kestrel_slo_breaches",
+                "Service-level objectives of the job breached now.",
+                &|l| Some(l.breaches.len() as f64),
+            );
             gauge(
                 &mut out,
                 "kestrel_gold_freshness_seconds",

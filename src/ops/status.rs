@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::job::plan;
 use crate::job::spec::JobSpec;
 use crate::sink::delta::{self, Warehouse};
+use crate::storage::Location;
 use crate::time::{iso, Micros};
 
 const DAY_US: Micros = 86_400_000_000;
@@ -53,6 +54,8 @@ pub struct JobStatus {
     pub state_bytes: Option<usize>,
     /// When it runs always-on: the state its stream held at the last checkpoint.
     pub stream_state: Option<StreamState>,
+    /// Its service levels and the `[slo]` objectives they breach.
+    pub slo: crate::ops::slo::ServiceLevels,
 }
 
 /// An always-on stream's state at its last checkpoint (from the run log).
@@ -227,14 +230,18 @@ async fn stream_states(wh: &Warehouse) -> Result<BTreeMap<String, StreamState>> 
     Ok(out)
 }
 
-/// Collect the status of `sources` and `jobs` at `now` (micros).
+/// Collect the status of `sources` and `jobs` at `now` (micros); with `landing`, also
+/// the files landed and not yet ingested (consumer lag).
 pub async fn collect(
     wh: &Warehouse,
+    landing: Option<&Location>,
     sources: &[String],
     jobs: &[&JobSpec],
     now: Micros,
 ) -> Result<Status> {
+    use crate::ops::slo;
     let runs = run_summaries(wh, now).await?;
+    let mut pending: BTreeMap<String, slo::Pending> = BTreeMap::new();
     let mut streams = stream_states(wh).await?;
     let mut status = Status {
         now: iso(now),
@@ -265,9 +272,21 @@ pub async fn collect(
             stream_state: streams.remove(&spec.name),
             ..Default::default()
         };
+        let mut skew = None;
         if let Some(r) = r {
             if let Some(result) = plan::read_result(wh, &spec.name, r.last_batch).await? {
                 js.state_bytes = Some(serde_json::to_vec(&result.state)?.len());
+                skew = result
+                    .state
+                    .watermark
+                    .sources
+                    .values()
+                    .filter_map(|s| {
+                        let t = s.partitions.values().map(|p| p.max_event_ts);
+                        Some(t.clone().max()? - t.min()?)
+                    })
+                    .max()
+                    .map(|us| us as f64 / 1e6);
                 let w = result.state.watermark.current;
                 let newest = result
                     .state
@@ -284,6 +303,26 @@ pub async fn collect(
                 };
             }
         }
+        let mut m = slo::Measured {
+            skew_s: skew,
+            state_bytes: js
+                .state_bytes
+                .map(|b| b as i64 + js.stream_state.as_ref().map_or(0, |s| s.bytes)),
+            ..Default::default()
+        };
+        if let Some(landing) = landing {
+            for s in &spec.sources {
+                if !pending.contains_key(s) {
+                    pending.insert(s.clone(), slo::pending(wh, landing, s).await?);
+                }
+                let p = pending[s];
+                m.pending.files += p.files;
+                m.pending.bytes += p.bytes;
+                m.pending.oldest_us = m.pending.oldest_us.into_iter().chain(p.oldest_us).min();
+            }
+        }
+        let from_runs = slo::from_runs(wh, spec, now).await?;
+        js.slo = slo::levels(&spec.slo, &from_runs, &m, now);
         status.jobs.push(js);
         for table in spec.outputs().into_iter().map(|o| o.table) {
             let last = match wh.open(&table).await? {
@@ -314,6 +353,20 @@ pub async fn collect(
         }
     }
     Ok(status)
+}
+
+/// Every breached service-level objective, as `job: objective: …`.
+pub fn breaches(status: &Status) -> Vec<String> {
+    status
+        .jobs
+        .iter()
+        .flat_map(|j| {
+            j.slo
+                .breaches
+                .iter()
+                .map(move |b| format!("{}: {b}", j.job))
+        })
+        .collect()
 }
 
 /// Gold tables older than `max_age` (or never written), with why.

@@ -228,18 +228,18 @@ impl JobRunner {
                 lease.renew(self.lease_ttl).await?;
             }
             let n = done + 1;
-            let plan = match plan::read_plan(&self.wh, &spec.name, n).await? {
+            let (plan, resumed) = match plan::read_plan(&self.wh, &spec.name, n).await? {
                 Some(p) => {
                     info!(job = %spec.name, batch = n, "resuming planned batch");
-                    p
+                    (p, true)
                 }
                 None => match self.plan_next(spec, n, &state, &ingested).await? {
-                    Some(p) => p,
+                    Some(p) => (p, false),
                     None => break,
                 },
             };
             fault::point("job_after_plan");
-            let (entry, after) = self.execute(spec, &plan, state).await?;
+            let (entry, after) = self.execute(spec, &plan, state, resumed).await?;
             report.batches.push(entry);
             state = after;
             done = n;
@@ -324,14 +324,17 @@ impl JobRunner {
         plan::write_plan(&self.wh, &p).await.map(Some)
     }
 
-    /// Run batch `plan` from `before`; returns its run-log entry and the state after it.
+    /// Run batch `plan` from `before` (`resumed`: its plan was found, a run before was
+    /// interrupted in it); returns its run-log entry and the state after it.
     async fn execute(
         &self,
         spec: &JobSpec,
         plan: &JobPlan,
         before: JobState,
+        resumed: bool,
     ) -> Result<(JobEntry, JobState)> {
         let started = self.now_us();
+        let cpu0 = crate::time::clock::cpu_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
         let crate::operator::Output {
@@ -390,6 +393,8 @@ impl JobRunner {
             status: "ok".into(),
             message: None,
             metrics: computed.result.metrics.clone(),
+            cpu_ms: (crate::time::clock::cpu_us() - cpu0) / 1000,
+            resumed,
         };
         runlog::log_job(&self.wh, &entry).await?;
         fault::point("job_after_runlog");

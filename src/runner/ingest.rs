@@ -173,6 +173,11 @@ impl Ingestor {
         &self.wh
     }
 
+    /// The landing zone.
+    pub fn landing(&self) -> &Location {
+        &self.landing
+    }
+
     /// Sources this config ingests.
     pub fn sources(&self) -> Result<Vec<String>> {
         let available: Vec<String> = self.schemas.keys().cloned().collect();
@@ -377,7 +382,7 @@ impl Ingestor {
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
             }
             let n = last + 1;
-            let plan = match ledger::read_plan(&self.wh, source, n).await? {
+            let (plan, resumed) = match ledger::read_plan(&self.wh, source, n).await? {
                 Some(p) => {
                     info!(
                         source,
@@ -385,7 +390,7 @@ impl Ingestor {
                         files = p.files.len(),
                         "resuming planned batch"
                     );
-                    p
+                    (p, true)
                 }
                 None => {
                     let force_full = self.opts.full_scan && !full_scan_done;
@@ -393,7 +398,7 @@ impl Ingestor {
                         Some((p, pending)) => {
                             full_scan_done |= p.full_scan;
                             pending_at_start.get_or_insert(pending);
-                            p
+                            (p, false)
                         }
                         None => break,
                     }
@@ -401,7 +406,7 @@ impl Ingestor {
             };
             fault::point("after_plan");
             fault::pause("ingest_after_plan").await;
-            let entry = self.execute(&plan, schema).await?;
+            let entry = self.execute(&plan, schema, resumed).await?;
             fault::pause("ingest_after_batch").await;
             if let Some(pending) = &mut pending_at_start {
                 for f in &plan.files {
@@ -523,9 +528,15 @@ impl Ingestor {
         Ok(Some((durable, pending)))
     }
 
-    /// Execute a plan (first time or after a crash).
-    async fn execute(&self, plan: &Plan, schema: &Arc<SourceSchema>) -> Result<IngestEntry> {
+    /// Execute a plan (first time, or `resumed` after a crash).
+    async fn execute(
+        &self,
+        plan: &Plan,
+        schema: &Arc<SourceSchema>,
+        resumed: bool,
+    ) -> Result<IngestEntry> {
         let started = self.now_us();
+        let cpu0 = crate::time::clock::cpu_us();
         let timer = Instant::now();
         let source = plan.source.as_str();
         let n = plan.batch_id;
@@ -713,6 +724,9 @@ impl Ingestor {
             bronze_version,
             status: status.to_string(),
             message,
+            landed_oldest_us: plan.files.iter().map(|f| f.file.landed_at_us).min(),
+            cpu_ms: (crate::time::clock::cpu_us() - cpu0) / 1000,
+            resumed,
         };
         runlog::log_ingest(&self.wh, &entry).await?;
         fault::point("after_runlog");

@@ -551,9 +551,14 @@ impl Daemon {
             "/metrics" => {
                 let jobs: Vec<&JobSpec> = self.jobs.iter().collect();
                 let now = chrono::Utc::now().timestamp_micros();
-                let status =
-                    crate::ops::status::collect(self.ing.warehouse(), &self.sources, &jobs, now)
-                        .await;
+                let status = crate::ops::status::collect(
+                    self.ing.warehouse(),
+                    Some(self.ing.landing()),
+                    &self.sources,
+                    &jobs,
+                    now,
+                )
+                .await;
                 let status = match status {
                     Ok(s) => Some(s),
                     Err(e) => {

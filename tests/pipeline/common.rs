@@ -88,9 +88,14 @@ impl Env {
 
     /// Run, require exit code 1 and a one-line reason on stderr; returns that line.
     pub fn fails_one_line(&self, args: &[&str]) -> String {
+        self.fails_with(args, 1)
+    }
+
+    /// Run, require exit code `code` and a one-line reason on stderr; returns that line.
+    pub fn fails_with(&self, args: &[&str], code: i32) -> String {
         let out = self.kestrel(args);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(1), "kestrel {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(code), "kestrel {args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         err
     }

@@ -1,7 +1,100 @@
 //! `kestrel status`: last runs, watermarks and gold-table freshness, as JSON for
-//! machines, and `--check --max-age` exit codes for cron and monitors.
+//! machines, and `--check --max-age` exit codes for cron and monitors; each job's
+//! service levels against its `[slo]` objectives.
 
 use crate::common::*;
+
+/// Every service level against a scenario with known values: two batches whose oldest
+/// files landed 3600 s and 1800 s before they ran (latency p50 1800 s, p99 3600 s), two
+/// partitions whose newest events are 600 s apart (skew), one too-late event of four
+/// (late rate), a batch resumed after kill -9 (recovery), a file landed 120 s ago and
+/// not yet ingested (consumer lag); `--check` names exactly the objectives breached.
+#[test]
+fn service_levels_are_measured_and_checked_against_objectives() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("jobs")).unwrap();
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/jobs/revenue_5m.toml"))
+            .unwrap();
+    std::fs::write(
+        env.path().join("jobs/revenue_5m.toml"),
+        format!(
+            "{shipped}\n[slo]\nmax_latency = \"60s\"\nmax_consumer_lag = \"1h\"\nmax_skew = \"5m\"\n\
+             max_late_rate = 0.5\nmax_state_bytes = 1\nmax_recovery = \"1h\"\n\
+             max_cpu_s_per_million = 1000000000\n"
+        ),
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let e0 = now - 3700;
+    env.land(
+        "orders/partition=0/a.ndjson",
+        &lines(&[
+            order("o1", e0, "ord-1", "A", 1, 100),
+            order("o2", e0 - 5, "ord-2", "B", 1, 100),
+        ]),
+        now - 3600,
+    );
+    env.land(
+        "orders/partition=1/a.ndjson",
+        &lines(&[order("o3", e0 - 600, "ord-3", "A", 1, 100)]),
+        now - 3600,
+    );
+    env.run_ok(&["run", "--job", "revenue_5m"], 0);
+    // Batch 2: a too-late event (4 days before W); killed after compute, then resumed.
+    env.land(
+        "orders/partition=0/b.ndjson",
+        &lines(&[order("o4", e0 - 4 * 86_400, "ord-4", "A", 1, 100)]),
+        now - 1800,
+    );
+    let out = env.kestrel_env(
+        &["run", "--job", "revenue_5m"],
+        &[("KESTREL_FAULT", "job_after_compute")],
+    );
+    assert_eq!(out.status.code(), None, "killed");
+    env.run_ok(&["run", "--job", "revenue_5m"], 0);
+    let unread = lines(&[order("o5", now - 130, "ord-5", "C", 1, 100)]);
+    env.land("orders/partition=0/c.ndjson", &unread, now - 120);
+
+    let st: serde_json::Value =
+        serde_json::from_str(&env.run_ok(&["status", "--json", "--job", "revenue_5m"], 0)).unwrap();
+    let l = &st["jobs"][0]["slo"];
+    let f = |k: &str| l[k].as_f64().unwrap_or_else(|| panic!("{k}: {l}"));
+    assert_eq!(l["latency_batches"], 2, "{l}");
+    assert!((1800.0..1900.0).contains(&f("latency_p50_s")), "{l}");
+    assert!((3600.0..3700.0).contains(&f("latency_p99_s")), "{l}");
+    assert_eq!(f("skew_s"), 600.0, "{l}");
+    assert_eq!(f("late_rate"), 0.25, "{l}");
+    assert_eq!(
+        (l["lag_files"].as_i64(), l["lag_bytes"].as_i64()),
+        (Some(1), Some(unread.len() as i64))
+    );
+    assert!((120.0..200.0).contains(&f("lag_oldest_s")), "{l}");
+    assert!(f("recovery_s") > 0.0, "{l}");
+    assert!(f("cpu_s_per_million") > 0.0, "{l}");
+    assert!(f("state_bytes") > 1.0, "{l}");
+    let breached: Vec<&str> = l["breaches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_str().unwrap().split(':').next().unwrap())
+        .collect();
+    assert_eq!(breached, ["max_latency", "max_skew", "max_state_bytes"]);
+    // `--check` exits 4 naming each breach on one line; a job without objectives passes.
+    let err = env.fails_with(&["status", "--check", "--job", "revenue_5m"], 4);
+    for want in [
+        "3 service-level objective(s) breached",
+        "revenue_5m: max_latency: p99 ",
+        "revenue_5m: max_skew: 600.000 s > 300 s",
+        "revenue_5m: max_state_bytes",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    env.run_ok(&["status", "--check", "--job", "revenue_1h"], 0);
+}
 
 #[test]
 fn status_reports_runs_watermarks_and_freshness_and_checks_it() {
@@ -506,6 +599,18 @@ print(json.dumps(out))
                 &[("table", "gold/revenue_5m")]
             ) < 600.0
         );
+        // Service levels: the batch read one file (landed at T0 + 120, long ago).
+        let rev = [("job", "revenue_5m")];
+        assert!(
+            value(
+                "kestrel_e2e_latency_seconds",
+                &[rev[0], ("quantile", "0.99")]
+            ) > 3600.0
+        );
+        assert_eq!(value("kestrel_consumer_lag_files", &rev), 0.0);
+        assert_eq!(value("kestrel_late_event_ratio", &rev), 0.0);
+        assert!(value("kestrel_state_bytes", &rev) > 0.0);
+        assert_eq!(value("kestrel_slo_breaches", &rev), 0.0);
         assert_eq!(value("kestrel_up", &[]), 1.0);
         assert!(samples.iter().all(|s| s.0 != "unknown"), "{metrics}");
     }

@@ -413,7 +413,9 @@ impl Operator for Mirror {
         let target = agg::job_input_schema(&bronze, Some(&[&reads]));
         let w_before = state.watermark.current;
         // No lateness: every change is applied, whenever it arrives.
-        let NewRows { new, .. } = take_new_rows(
+        let NewRows {
+            new, oldest_landed, ..
+        } = take_new_rows(
             ctx.as_ref(),
             "bronze",
             source,
@@ -566,6 +568,7 @@ impl Operator for Mirror {
                 too_late: 0,
                 watermark_before: w_before,
                 watermark_after: w_after,
+                oldest_landed,
             },
             keys: keys.ids.len() as i64,
             upserted,

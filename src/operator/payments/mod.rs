@@ -173,6 +173,7 @@ impl Operator for Payments {
         let mut touches = Touches::default();
         let mut late_parts: Vec<(&str, RecordBatch)> = Vec::new();
         let (mut rows_in, mut applied_n, mut late_n) = (0i64, 0i64, 0i64);
+        let mut oldest_landed: Option<crate::time::Micros> = None;
         for s in &spec.sources {
             let bronze = cx.source_schema(s)?.bronze.clone();
             let target = agg::project(&bronze, &touch_cols)?;
@@ -190,6 +191,7 @@ impl Operator for Payments {
             )
             .await?;
             touches.add(&rows.applied)?;
+            oldest_landed = oldest_landed.into_iter().chain(rows.oldest_landed).min();
             rows_in += rows.new.num_rows() as i64;
             applied_n += rows.applied.num_rows() as i64;
             late_n += rows.too_late.num_rows() as i64;
@@ -275,6 +277,7 @@ impl Operator for Payments {
                 too_late: late_n,
                 watermark_before: w_before,
                 watermark_after: w_after,
+                oldest_landed,
             },
             orders_touched: re_evaluated as i64,
             upserts: out.upserts as i64,

@@ -166,6 +166,7 @@ impl Operator for Stockout {
             new,
             applied,
             too_late,
+            oldest_landed,
         } = take_new_rows(
             ctx.as_ref(),
             "bronze",
@@ -348,6 +349,7 @@ impl Operator for Stockout {
                 too_late: too_late.num_rows() as i64,
                 watermark_before: w_before,
                 watermark_after: w_after,
+                oldest_landed,
             },
             skus: new_events.len() as i64,
             replayed: replay.len() as i64,
