@@ -566,15 +566,11 @@ impl Daemon {
                         None
                     }
                 };
-                let mut body = self.metrics.render(status.as_ref());
-                body.push_str(&format!(
-                    "# HELP kestrel_up Whether the daemon holds its lease and runs.\n# TYPE kestrel_up gauge\nkestrel_up {}\n",
-                    u8::from(self.lease_held.load(Ordering::SeqCst) && !self.stop.stopped())
-                ));
+                let up = self.lease_held.load(Ordering::SeqCst) && !self.stop.stopped();
                 Response {
                     status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body,
+                    content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    body: self.metrics.render(status.as_ref(), up),
                 }
             }
             _ => Response::text(404, "try /healthz or /metrics\n"),

@@ -483,7 +483,11 @@ fn the_daemon_checkpoints_and_maintains_its_tables_and_stops() {
 fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
@@ -493,7 +497,7 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
 
 /// The daemon runs a job every second while each batch takes 3 s: ticks that come while
 /// a run is going are skipped and counted, never run twice at once. `/metrics` is valid
-/// Prometheus text (parsed by prometheus_client's parser) with the counters, the batch
+/// OpenMetrics text (parsed by prometheus_client's OpenMetrics parser) with the counters, the batch
 /// histogram and the gauges; SIGTERM in the middle of a batch lets it finish and commit,
 /// then the daemon exits 0, and its tables equal a clean `kestrel run`'s.
 #[test]
@@ -527,7 +531,7 @@ fn schedule_skips_overlapping_runs_serves_metrics_and_finishes_the_batch_on_sigt
         std::fs::write(&f, &metrics).unwrap();
         let script = r#"
 import json, sys
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 out = []
 for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
     for s in fam.samples:
@@ -585,7 +589,7 @@ print(json.dumps(out))
         assert_eq!(
             value(
                 "kestrel_batch_duration_seconds_bucket",
-                &[h[0], h[1], ("le", "5")]
+                &[h[0], h[1], ("le", "5.0")]
             ),
             1.0
         );
