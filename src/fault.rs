@@ -3,7 +3,9 @@
 //!
 //! Points of ingestion, in order: `after_plan`, `after_decode`, `after_bronze`,
 //! `after_quarantine`, `after_ledger`, `after_runlog`. Of a job batch: `job_after_plan`,
-//! `job_after_compute`, `job_after_late`, `job_between_merges`, `job_after_gold`,
+//! `job_after_compute`, `job_after_late`, `job_between_merges` (before every gold commit
+//! after the first), `job_before_completing_merge` (before the last of two or more),
+//! `job_after_gold`,
 //! `job_after_runlog`. Of a backfill: `backfill_after_day`. Inside a delta-rs commit:
 //! `compaction_commit` (an open-partition compaction's files are written, its commit is
 //! not; see [`FaultStore`]).

@@ -370,9 +370,13 @@ impl JobRunner {
         fault::point("job_after_late");
         let mut written = counts.windows_recomputed + counts.deleted;
         let mut merged = None;
+        let last = computed.gold.len().saturating_sub(1);
         for (i, out) in computed.gold.into_iter().enumerate() {
             if i > 0 {
                 fault::point("job_between_merges");
+            }
+            if i > 0 && i == last {
+                fault::point("job_before_completing_merge");
             }
             if let Some(w) = self.merge_gold(spec, out, n).await? {
                 *merged.get_or_insert(0) += w;

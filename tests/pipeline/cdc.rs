@@ -137,7 +137,7 @@ fn the_customers_mirror_equals_the_last_change_per_key_exactly_once() {
         ["job_after_plan", "job_between_merges"],
         ["job_after_compute", "job_after_gold"],
         ["job_between_merges", "job_after_runlog"],
-        ["after_bronze", "job_between_merges"],
+        ["job_between_merges", "job_before_completing_merge"],
     ];
     let killed = Env::new();
     for (k, d) in drops(&files).into_iter().enumerate() {

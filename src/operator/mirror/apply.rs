@@ -208,17 +208,18 @@ pub fn apply(changes: &[Change], held: &Held, soft: bool, history: bool) -> Appl
                 out.keys_changed += 1;
             }
         }
-        if history {
+        // History is replayed for every key with changes, known or not: a delete the
+        // deletes record already holds (a batch recomputed after its deletes commit) is
+        // an event of the replay from there, and still closes the version it ends.
+        if history && !k.changes.is_empty() {
             let new: Vec<Change> = k
                 .changes
                 .iter()
                 .filter(|c| !in_history(c.pos))
                 .copied()
                 .collect();
-            if !new.is_empty() {
-                out.versions
-                    .extend(versions(k.versions.as_slice(), &k.deleted, &new));
-            }
+            out.versions
+                .extend(versions(k.versions.as_slice(), &k.deleted, &new));
         }
     }
     out
@@ -409,6 +410,27 @@ mod tests {
         assert!(again.current.is_empty());
         assert_eq!(again.versions, first.versions);
         assert_eq!(again.versions.len(), 2);
+        // A batch of only a delete, recomputed after its current and deletes commits:
+        // history still closes the open version.
+        let held = Held {
+            versions: first.versions.clone(),
+            ..Default::default()
+        };
+        let d3 = ch(3, 30, 300, true, 2);
+        let once = apply(&[d3], &held, false, true);
+        let reached = Held {
+            deleted: vec![Deleted {
+                key: 3,
+                pos: d3.pos,
+                ts: d3.ts,
+            }],
+            ..held
+        };
+        let again = apply(&[d3], &reached, false, true);
+        assert!(again.deletes.is_empty());
+        assert_eq!(again.versions, once.versions);
+        assert_eq!(again.versions.len(), 1);
+        assert_eq!(again.versions[0].to, Some(300));
     }
 
     /// Soft deletes keep the row with its last values and `_deleted`; a delete of a key
