@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 
+use datafusion::prelude::SessionContext;
 use serde::Serialize;
 
 use crate::error::Result;
@@ -32,8 +33,6 @@ use crate::time::Micros;
 
 /// Batches the latency percentiles are taken over.
 pub const LATENCY_BATCHES: usize = 100;
-
-const DAY_US: Micros = 86_400_000_000;
 
 /// A job's service levels and the objectives they breach.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -97,41 +96,20 @@ pub struct FromRuns {
     pub recovery_ms: Option<i64>,
 }
 
-/// Read the run log's service-level columns for `spec` (none before they existed).
-pub async fn from_runs(wh: &Warehouse, spec: &JobSpec, now: Micros) -> Result<FromRuns> {
-    let mut out = FromRuns::default();
-    let Some(t) = wh.open(crate::names::table::RUNS).await? else {
-        return Ok(out);
-    };
-    if !delta::table_columns(&t)?
-        .iter()
-        .any(|c| c == "landed_oldest")
-    {
-        return Ok(out);
-    }
-    let ctx = delta::session_with(&t, "runs").await?;
+/// Fill `out` with what the run log says of `spec`'s latency and recovery; `ctx` has the
+/// run log registered as `runs`, with the service-level columns. (The day sums come from
+/// the status's run summaries, which read them in the same pass as the other counts.)
+pub async fn from_runs(ctx: &SessionContext, spec: &JobSpec, out: &mut FromRuns) -> Result<()> {
     let job = spec.name.replace('\'', "''");
     let sql = format!(
         "SELECT CAST((to_unixtime(finished_at) - to_unixtime(landed_oldest)) * 1000000 AS BIGINT) \
          FROM runs WHERE kind = 'job' AND name = '{job}' AND landed_oldest IS NOT NULL \
          ORDER BY batch_id DESC LIMIT {LATENCY_BATCHES}"
     );
-    for b in delta::sql(&ctx, &sql).await? {
+    for b in delta::sql(ctx, &sql).await? {
         let v = crate::columns::int64_at(&b, 0)?;
         out.latencies_s
             .extend(v.iter().flatten().map(|us| us.max(0) as f64 / 1e6));
-    }
-    let since = (now - DAY_US) as f64 / 1e6;
-    let sql = format!(
-        "SELECT coalesce(sum(rows_in), 0), coalesce(sum(too_late), 0), coalesce(sum(cpu_ms), 0) \
-         FROM runs WHERE kind = 'job' AND name = '{job}' AND to_unixtime(started_at) >= {since}"
-    );
-    for b in delta::sql(&ctx, &sql).await? {
-        if b.num_rows() > 0 {
-            out.rows_in_day = crate::columns::int64_at(&b, 0)?.value(0);
-            out.too_late_day = crate::columns::int64_at(&b, 1)?.value(0);
-            out.cpu_ms_day = crate::columns::int64_at(&b, 2)?.value(0);
-        }
     }
     let sources: Vec<String> = spec
         .sources
@@ -143,13 +121,13 @@ pub async fn from_runs(wh: &Warehouse, spec: &JobSpec, now: Micros) -> Result<Fr
          OR (kind = 'ingest' AND name IN ({}))) ORDER BY finished_at DESC LIMIT 1",
         sources.join(", ")
     );
-    for b in delta::sql(&ctx, &sql).await? {
+    for b in delta::sql(ctx, &sql).await? {
         let v = crate::columns::int64_at(&b, 0)?;
         if let Some(ms) = v.iter().flatten().next() {
             out.recovery_ms = Some(ms);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The nearest-rank percentile `p` (0–1) of `v`.

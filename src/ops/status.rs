@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use arrow::array::{Array, Int64Array};
 use futures::TryStreamExt;
 use serde::Serialize;
 
@@ -103,17 +104,57 @@ struct RunSummary {
     quarantined: i64,
     too_late: i64,
     corrections: i64,
+    rows_in: i64,
+    cpu_ms: i64,
+}
+
+/// The run log, opened once for a status: a session with it as `runs`, and its columns
+/// (a run log written by an older release lacks the newer ones).
+struct RunLog {
+    ctx: datafusion::prelude::SessionContext,
+    columns: std::collections::HashSet<String>,
+}
+
+impl RunLog {
+    async fn open(wh: &Warehouse) -> Result<Option<Self>> {
+        let Some(t) = wh.open(crate::names::table::RUNS).await? else {
+            return Ok(None);
+        };
+        Ok(Some(RunLog {
+            columns: delta::table_columns(&t)?,
+            ctx: delta::session_with(&t, "runs").await?,
+        }))
+    }
+
+    fn has(&self, column: &str) -> bool {
+        self.columns.contains(column)
+    }
+}
+
+/// Int64 columns `cols` of `b`, for [`at`].
+fn ints(b: &arrow::array::RecordBatch, cols: std::ops::Range<usize>) -> Result<Vec<Int64Array>> {
+    cols.map(|i| crate::columns::int64_at(b, i).map_err(Into::into))
+        .collect()
+}
+
+/// Row `r` of `c`, null as 0.
+fn at(c: &Int64Array, r: usize) -> i64 {
+    if c.is_valid(r) {
+        c.value(r)
+    } else {
+        0
+    }
 }
 
 async fn run_summaries(
-    wh: &Warehouse,
+    log: Option<&RunLog>,
     now: Micros,
 ) -> Result<BTreeMap<(String, String), RunSummary>> {
     let mut out = BTreeMap::new();
-    let Some(t) = wh.open(crate::names::table::RUNS).await? else {
+    let Some(log) = log else {
         return Ok(out);
     };
-    let ctx = delta::session_with(&t, "runs").await?;
+    let ctx = &log.ctx;
     let since = (now - DAY_US) as f64 / 1e6;
     let day = |c: &str| {
         format!(
@@ -123,29 +164,26 @@ async fn run_summaries(
     let sql = format!(
         "SELECT kind, name, max(batch_id), \
          CAST(to_unixtime(max(finished_at)) * 1000000 AS BIGINT), \
-         {}, {}, {}, {}, {}, {} FROM runs GROUP BY kind, name",
+         {}, {}, {}, {}, {}, {}, {}, {} FROM runs GROUP BY kind, name",
         day("files"),
         day("rows_written"),
         day("duplicates"),
         day("quarantined"),
         day("too_late"),
-        day("corrections")
+        day("corrections"),
+        day("rows_in"),
+        if log.has("cpu_ms") {
+            day("cpu_ms")
+        } else {
+            "CAST(0 AS BIGINT)".to_string()
+        }
     );
-    for b in delta::sql(&ctx, &sql).await? {
+    for b in delta::sql(ctx, &sql).await? {
         let kind = crate::columns::string_at(&b, 0)?;
         let name = crate::columns::string_at(&b, 1)?;
-        let ints: Vec<_> = (2..10)
-            .map(|i| crate::columns::int64_at(&b, i))
-            .collect::<std::result::Result<_, _>>()?;
+        let ints = ints(&b, 2..12)?;
         for r in 0..b.num_rows() {
-            let v = |i: usize| {
-                let c: &arrow::array::Int64Array = &ints[i];
-                if arrow::array::Array::is_valid(c, r) {
-                    c.value(r)
-                } else {
-                    0
-                }
-            };
+            let v = |i: usize| at(&ints[i], r);
             out.insert(
                 (kind.value(r).to_string(), name.value(r).to_string()),
                 RunSummary {
@@ -158,13 +196,15 @@ async fn run_summaries(
                     quarantined: v(5),
                     too_late: v(6),
                     corrections: v(7),
+                    rows_in: v(8),
+                    cpu_ms: v(9),
                 },
             );
         }
     }
     // The status of each last batch.
     let last = delta::sql(
-        &ctx,
+        ctx,
         "SELECT r.kind, r.name, r.status FROM runs r JOIN \
          (SELECT kind, name, max(batch_id) AS b FROM runs GROUP BY kind, name) m \
          ON r.kind = m.kind AND r.name = m.name AND r.batch_id = m.b",
@@ -187,33 +227,20 @@ async fn run_summaries(
 
 /// Per job, the state its stream held at its last checkpoint (none before any stream
 /// checkpointed: the run log then has no checkpoint columns).
-async fn stream_states(wh: &Warehouse) -> Result<BTreeMap<String, StreamState>> {
+async fn stream_states(log: Option<&RunLog>) -> Result<BTreeMap<String, StreamState>> {
     let mut out = BTreeMap::new();
-    let Some(t) = wh.open(crate::names::table::RUNS).await? else {
+    let Some(log) = log.filter(|l| l.has("state_ids")) else {
         return Ok(out);
     };
-    if !delta::table_columns(&t)?.iter().any(|c| c == "state_ids") {
-        return Ok(out);
-    }
-    let ctx = delta::session_with(&t, "runs").await?;
     let sql = "SELECT r.name, r.batch_id, CAST(to_unixtime(r.finished_at) * 1000000 AS BIGINT), \
                r.state_ids, r.state_bytes, r.checkpoint_bytes, r.duration_ms FROM runs r JOIN \
                (SELECT name, max(batch_id) AS b FROM runs WHERE kind = 'checkpoint' GROUP BY name) m \
                ON r.name = m.name AND r.batch_id = m.b WHERE r.kind = 'checkpoint'";
-    for b in delta::sql(&ctx, sql).await? {
+    for b in delta::sql(&log.ctx, sql).await? {
         let name = crate::columns::string_at(&b, 0)?;
-        let ints: Vec<_> = (1..7)
-            .map(|i| crate::columns::int64_at(&b, i))
-            .collect::<std::result::Result<_, _>>()?;
+        let ints = ints(&b, 1..7)?;
         for r in 0..b.num_rows() {
-            let v = |i: usize| {
-                let c: &arrow::array::Int64Array = &ints[i];
-                if arrow::array::Array::is_valid(c, r) {
-                    c.value(r)
-                } else {
-                    0
-                }
-            };
+            let v = |i: usize| at(&ints[i], r);
             out.insert(
                 name.value(r).to_string(),
                 StreamState {
@@ -240,9 +267,10 @@ pub async fn collect(
     now: Micros,
 ) -> Result<Status> {
     use crate::ops::slo;
-    let runs = run_summaries(wh, now).await?;
+    let log = RunLog::open(wh).await?;
+    let runs = run_summaries(log.as_ref(), now).await?;
     let mut pending: BTreeMap<String, slo::Pending> = BTreeMap::new();
-    let mut streams = stream_states(wh).await?;
+    let mut streams = stream_states(log.as_ref()).await?;
     let mut status = Status {
         now: iso(now),
         ..Default::default()
@@ -321,7 +349,15 @@ pub async fn collect(
                 m.pending.oldest_us = m.pending.oldest_us.into_iter().chain(p.oldest_us).min();
             }
         }
-        let from_runs = slo::from_runs(wh, spec, now).await?;
+        let mut from_runs = slo::FromRuns {
+            rows_in_day: r.map_or(0, |r| r.rows_in),
+            too_late_day: r.map_or(0, |r| r.too_late),
+            cpu_ms_day: r.map_or(0, |r| r.cpu_ms),
+            ..Default::default()
+        };
+        if let Some(log) = log.as_ref().filter(|l| l.has("landed_oldest")) {
+            slo::from_runs(&log.ctx, spec, &mut from_runs).await?;
+        }
         js.slo = slo::levels(&spec.slo, &from_runs, &m, now);
         status.jobs.push(js);
         for table in spec.outputs().into_iter().map(|o| o.table) {
