@@ -427,24 +427,25 @@ impl Operator for Windowed {
             sessions_deleted: deleted as i64,
             corrections: corrections as i64,
         };
-        let mut out = Vec::with_capacity(2);
-        if let WindowSpec::Session { .. } = window {
-            let open = open_sessions(
-                cx,
-                spec,
-                keys,
-                &gold.0,
-                &gold.1,
-                (w_before, w_after),
-                lookback,
-                plan.batch_id,
-            )
-            .await?;
-            out.push(cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new()));
-            out.push(open);
-        } else {
-            out.push(cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new()));
-        }
+        // A session job's open sessions come from the merge rows before they move.
+        let open = match window {
+            WindowSpec::Session { .. } => Some(
+                open_sessions(
+                    cx,
+                    spec,
+                    keys,
+                    &gold.0,
+                    &gold.1,
+                    (w_before, w_after),
+                    lookback,
+                    plan.batch_id,
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+        let mut out = vec![cx.gold_output(spec, gold.0, gold.1, &GOLD_PARTITIONS, Vec::new())];
+        out.extend(open);
         Computed::new(plan, state, &metrics, late, out)
     }
 

@@ -94,14 +94,17 @@ fn add(c: &Counters, labels: Labels, v: i64) {
     c.get_or_create(&labels).inc_by(v.max(0) as u64);
 }
 
+fn run_labels(task: &str, outcome: Outcome) -> Labels {
+    vec![
+        ("task", task.to_string()),
+        ("result", outcome.label().into()),
+    ]
+}
+
 impl Metrics {
     /// Count a run of `task`.
     pub fn run(&self, task: &str, outcome: Outcome) {
-        let labels = vec![
-            ("task", task.to_string()),
-            ("result", outcome.label().into()),
-        ];
-        self.runs.get_or_create(&labels).inc();
+        self.runs.get_or_create(&run_labels(task, outcome)).inc();
         if outcome == Outcome::Failed {
             self.failures.get_or_create(&one("task", task)).inc();
         }
@@ -109,11 +112,17 @@ impl Metrics {
 
     /// Runs of `task` that ended with `outcome` so far.
     pub fn runs(&self, task: &str, outcome: Outcome) -> u64 {
-        let labels = vec![
-            ("task", task.to_string()),
-            ("result", outcome.label().into()),
-        ];
-        self.runs.get(&labels).map_or(0, |c| c.get())
+        self.runs
+            .get(&run_labels(task, outcome))
+            .map_or(0, |c| c.get())
+    }
+
+    /// Observe a batch of `kind` (ingest, job) and `name` in the duration histogram.
+    fn batch_took(&self, kind: &str, name: &str, started_us: i64, finished_us: i64) {
+        let labels = vec![("kind", kind.to_string()), ("name", name.to_string())];
+        self.durations
+            .get_or_create(&labels)
+            .observe(secs(started_us, finished_us));
     }
 
     /// Record ingestion batches.
@@ -121,10 +130,7 @@ impl Metrics {
         for b in batches {
             add(&self.rows, one("source", &b.source), b.rows_written);
             add(&self.quarantined, one("source", &b.source), b.quarantined);
-            let labels = vec![("kind", "ingest".to_string()), ("name", b.source.clone())];
-            self.durations
-                .get_or_create(&labels)
-                .observe(secs(b.started_at_us, b.finished_at_us));
+            self.batch_took("ingest", &b.source, b.started_at_us, b.finished_at_us);
         }
     }
 
@@ -135,10 +141,7 @@ impl Metrics {
             add(&self.applied, one("job", &b.job), c.applied);
             add(&self.late, one("job", &b.job), c.too_late);
             add(&self.corrections, one("job", &b.job), c.corrections);
-            let labels = vec![("kind", "job".to_string()), ("name", b.job.clone())];
-            self.durations
-                .get_or_create(&labels)
-                .observe(secs(b.started_at_us, b.finished_at_us));
+            self.batch_took("job", &b.job, b.started_at_us, b.finished_at_us);
         }
     }
 

@@ -166,13 +166,7 @@ async fn checkpoint(
         }
     }
     let ms = t.elapsed().as_millis() as u64;
-    let (mut ids, mut held) = (0, 0);
-    for s in &spec.sources {
-        if let Some((n, b)) = ing.dedup_set_size(s) {
-            ids += n;
-            held += b;
-        }
-    }
+    let (ids, held) = dedup_size(ing, spec);
     let entry = runlog::CheckpointEntry {
         run_id: ing.run_id().to_string(),
         job: spec.name.clone(),
@@ -185,6 +179,14 @@ async fn checkpoint(
     };
     runlog::log_checkpoint(ing.warehouse(), &entry).await?;
     Ok((ms, bytes))
+}
+
+/// Ids held by the job's in-memory dedup sets, and their bytes.
+fn dedup_size(ing: &Ingestor, spec: &JobSpec) -> (usize, usize) {
+    spec.sources
+        .iter()
+        .filter_map(|s| ing.dedup_set_size(s))
+        .fold((0, 0), |(i, b), (n, m)| (i + n, b + m))
 }
 
 /// Run `spec` always-on until stopped (or the options' limits).
@@ -320,12 +322,7 @@ async fn poll_loop(
                 ));
             }
         }
-        for s in &spec.sources {
-            if let Some((ids, bytes)) = ing.dedup_set_size(s) {
-                r.dedup_ids += ids;
-                r.dedup_bytes += bytes;
-            }
-        }
+        (r.dedup_ids, r.dedup_bytes) = dedup_size(ing, spec);
         if checkpointed.elapsed() >= opts.checkpoint_every && positions.dirty() {
             r.checkpoint = Some(checkpoint(ing, spec, positions, (logged, &mut seq)).await?);
             summary.checkpoints = seq;
