@@ -143,15 +143,7 @@ fn the_customers_mirror_equals_the_last_change_per_key_exactly_once() {
     for (k, d) in drops(&files).into_iter().enumerate() {
         land_all(&killed, d);
         for point in KILLS[k % KILLS.len()] {
-            let out =
-                killed.kestrel_env(&["run", "--job", "customers"], &[("KESTREL_FAULT", point)]);
-            assert_eq!(
-                out.status.code(),
-                None,
-                "killed at {point}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            killed.killed_at(&["run", "--job", "customers"], point);
         }
         run(&killed);
     }

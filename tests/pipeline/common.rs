@@ -91,6 +91,20 @@ impl Env {
         self.fails_with(args, 1)
     }
 
+    /// Run with `KESTREL_FAULT=point` and require the run to be killed there (SIGKILL).
+    pub fn killed_at(&self, args: &[&str], point: &str) {
+        use std::os::unix::process::ExitStatusExt;
+        let out = self.kestrel_env(args, &[("KESTREL_FAULT", point)]);
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "kestrel {args:?} at {point}: expected SIGKILL, got {:?}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Run, require exit code `code` and a one-line reason on stderr; returns that line.
     pub fn fails_with(&self, args: &[&str], code: i32) -> String {
         let out = self.kestrel(args);

@@ -165,14 +165,7 @@ fn crash_at_every_step_then_rerun_gives_identical_tables() {
     ] {
         let env = Env::with_config(cfg);
         land_fixture(&env);
-        let out = env.kestrel_env(&["run", "--source", "orders"], &[("KESTREL_FAULT", point)]);
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            out.status.signal(),
-            Some(9),
-            "{point}: expected SIGKILL, got {:?}",
-            out.status
-        );
+        env.killed_at(&["run", "--source", "orders"], point);
         env.run_ok(&["run", "--source", "orders"], 0);
         for (t, w) in tables.iter().zip(&want) {
             assert_eq!(

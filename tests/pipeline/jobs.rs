@@ -533,13 +533,7 @@ fn kill_9_at_every_job_step_then_rerun_gives_identical_tables() {
                 continue;
             }
             let point = POINTS[(k + j) % POINTS.len()];
-            let out = env.kestrel_env(&["run", "--job", job], &[("KESTREL_FAULT", point)]);
-            assert_eq!(
-                out.status.code(),
-                None,
-                "{job} at {point}: killed by a signal; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            env.killed_at(&["run", "--job", job], point);
         }
         run(&env);
     }

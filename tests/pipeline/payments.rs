@@ -344,13 +344,7 @@ fn kill_9_between_compute_and_commit_then_rerun_gives_identical_tables() {
         land(&env, k + 1, d);
         for (j, job) in JOBS.iter().enumerate() {
             let point = POINTS[(2 * k + j) % POINTS.len()];
-            let out = env.kestrel_env(&["run", "--job", job], &[("KESTREL_FAULT", point)]);
-            assert_eq!(
-                out.status.code(),
-                None,
-                "{job} at {point}: killed by a signal; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            env.killed_at(&["run", "--job", job], point);
         }
         run(&env);
     }

@@ -121,14 +121,7 @@ fn select_jobs_keep_the_applied_events_that_pass_exactly_once() {
         env.land(&format!("orders/f{k}.ndjson"), &lines(ls), *at);
         // Two kills per batch, the second at a later step of the resumed batch.
         for point in [POINTS[k], POINTS[k + 2]] {
-            let out = env.kestrel_env(&["run", "--job", "big_orders"], &[("KESTREL_FAULT", point)]);
-            assert_eq!(
-                out.status.code(),
-                None,
-                "killed at {point}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            env.killed_at(&["run", "--job", "big_orders"], point);
         }
         env.run_ok(&["run", "--job", "big_orders"], 0);
     }

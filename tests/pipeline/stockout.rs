@@ -274,13 +274,7 @@ fn kill_9_then_restart(mode: Mode) {
         run(&clean);
         land(&env, k + 1, landed, &evs);
         let point = POINTS[k % POINTS.len()];
-        let out = env.kestrel_env(&mode.args(), &[("KESTREL_FAULT", point)]);
-        assert_eq!(
-            out.status.code(),
-            None,
-            "at {point}: killed by a signal; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        env.killed_at(&mode.args(), point);
         step(&env, mode);
     }
     let skip = ["_updated_at", "_recorded_at", "_ingested_at", "detected_at"];
