@@ -35,15 +35,30 @@ use crate::storage::Location;
 /// (720 files) 97–104 ms before, 76–82 ms after; against one day 48–54 ms either way.
 pub const LOCAL_TABLE_SCHEME: &str = "kestrel-file";
 
-/// `url` (a `file` URL) under [`LOCAL_TABLE_SCHEME`], whose log stores delta-rs builds
-/// like a `file` table's (registered on first use).
-pub fn local_table_url(url: &Url) -> Result<Url> {
+/// Register kestrel's log stores with delta-rs (once per process): delta-rs's default
+/// log store for [`LOCAL_TABLE_SCHEME`] tables (as for `file`) and for `s3`/`s3a` ones.
+///
+/// kestrel builds without deltalake's `s3` feature (deltalake-aws and the AWS SDK were
+/// ~35 crates and a C build of aws-lc, a fifth of the cold build, for two things kestrel
+/// does itself): every S3 table is opened on the warehouse's own `object_store`
+/// `AmazonS3` ([`Warehouse`]'s builder hands it to delta-rs), and its log store is the
+/// one deltalake-aws 1.0 registers too — `default_logstore`, which commits a version
+/// with a put-if-absent (S3 conditional writes; DynamoDB locking is gone from delta-rs).
+pub fn register_log_stores() {
     static REGISTER: std::sync::Once = std::sync::Once::new();
     REGISTER.call_once(|| {
-        if let Ok(scheme) = Url::parse(&format!("{LOCAL_TABLE_SCHEME}://")) {
-            deltalake::logstore::logstore_factories().insert(scheme, Arc::new(LocalLogStores));
+        for scheme in [LOCAL_TABLE_SCHEME, "s3", "s3a"] {
+            if let Ok(url) = Url::parse(&format!("{scheme}://")) {
+                deltalake::logstore::logstore_factories().insert(url, Arc::new(DefaultLogStores));
+            }
         }
     });
+}
+
+/// `url` (a `file` URL) under [`LOCAL_TABLE_SCHEME`], whose log stores delta-rs builds
+/// like a `file` table's ([`register_log_stores`]).
+pub fn local_table_url(url: &Url) -> Result<Url> {
+    register_log_stores();
     let s = format!("{LOCAL_TABLE_SCHEME}://{}", url.path());
     Url::parse(&s).map_err(|e| Error::Location {
         url: url.to_string(),
@@ -51,10 +66,10 @@ pub fn local_table_url(url: &Url) -> Result<Url> {
     })
 }
 
-/// Log stores of [`LOCAL_TABLE_SCHEME`] tables: delta-rs's default one, as for `file`.
-struct LocalLogStores;
+/// Log stores of [`LOCAL_TABLE_SCHEME`] and S3 tables: delta-rs's default one.
+struct DefaultLogStores;
 
-impl deltalake::logstore::LogStoreFactory for LocalLogStores {
+impl deltalake::logstore::LogStoreFactory for DefaultLogStores {
     fn with_options(
         &self,
         prefixed_store: deltalake::logstore::ObjectStoreRef,
@@ -207,24 +222,25 @@ impl Warehouse {
             .with_storage_options(self.options());
         type Store = std::sync::Arc<dyn deltalake::logstore::object_store::ObjectStore>;
         // Local tables list their logs by name (see `sink::loglist`); their store retries
-        // transient failures like every store kestrel opens (`storage::layered`). On S3,
-        // delta-rs builds its own store from the URL (with the client's retries) unless a
-        // test asks for fault points or a failing store.
-        let root: Option<Store> = match &self.loc.local_dir {
+        // transient failures like every store kestrel opens (`storage::layered`). Other
+        // tables (S3, memory) use the warehouse's own store, bucket-rooted, with the same
+        // retries (and, when a test asks for them, fault points): delta-rs has no S3
+        // store of its own in this build ([`register_log_stores`]).
+        let root: Store = match &self.loc.local_dir {
             Some(_) => {
                 let local: Store = std::sync::Arc::new(
                     deltalake::logstore::object_store::local::LocalFileSystem::new(),
                 );
-                Some(crate::storage::layered(std::sync::Arc::new(
-                    super::loglist::LogListing::new(local),
+                crate::storage::layered(std::sync::Arc::new(super::loglist::LogListing::new(
+                    local,
                 )))
             }
-            None if crate::fault::wraps_store() => Some(self.loc.store.clone()),
-            None => None,
+            None => {
+                register_log_stores();
+                self.loc.store.clone()
+            }
         };
-        if let Some(root) = root {
-            b = b.with_storage_backend(root, url.clone());
-        }
+        b = b.with_storage_backend(root, url.clone());
         Ok(b)
     }
 
