@@ -231,9 +231,7 @@ impl Warehouse {
                 let local: Store = std::sync::Arc::new(
                     deltalake::logstore::object_store::local::LocalFileSystem::new(),
                 );
-                crate::storage::layered(std::sync::Arc::new(super::loglist::LogListing::new(
-                    local,
-                )))
+                crate::storage::layered(std::sync::Arc::new(super::loglist::LogListing::new(local)))
             }
             None => {
                 register_log_stores();
