@@ -67,6 +67,13 @@ pub fn string<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
         .ok_or_else(|| wrong(name, c, "utf8"))
 }
 
+/// Column `name` as Int32.
+pub fn int32<'a>(b: &'a RecordBatch, name: &str) -> Result<&'a arrow::array::Int32Array> {
+    let c = by_name(b, name)?;
+    c.as_primitive_opt::<arrow::datatypes::Int32Type>()
+        .ok_or_else(|| wrong(name, c, "int32"))
+}
+
 /// Column `name` as Int64 (timestamps as their micros, narrower integers widened).
 pub fn int64(b: &RecordBatch, name: &str) -> Result<Int64Array> {
     let c = by_name(b, name)?;

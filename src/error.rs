@@ -85,6 +85,10 @@ pub enum Error {
     #[error(transparent)]
     Column(#[from] crate::columns::ColumnError),
 
+    /// Rows a deferred output cannot hold.
+    #[error(transparent)]
+    Pending(#[from] crate::operator::pending::PendingError),
+
     /// Probing a table's files for values (dedup, the ledger) failed.
     #[error(transparent)]
     Probe(#[from] crate::sink::probe::ProbeError),

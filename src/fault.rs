@@ -6,7 +6,9 @@
 //! `job_after_compute`, `job_after_late`, `job_between_merges` (before every gold commit
 //! after the first), `job_before_completing_merge` (before the last of two or more),
 //! `job_after_gold`,
-//! `job_after_runlog`. Of a backfill: `backfill_after_day`. Inside a delta-rs commit:
+//! `job_after_runlog`. Of a stream: `stream_after_state_commit` (a poll committed a
+//! partition of its deferred state), `stream_before_finish` (the loop ended; pending
+//! state not committed). Of a backfill: `backfill_after_day`. Inside a delta-rs commit:
 //! `compaction_commit` (an open-partition compaction's files are written, its commit is
 //! not; see [`FaultStore`]).
 //!

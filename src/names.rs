@@ -74,6 +74,17 @@ pub mod key {
         format!("{}{batch_id:020}.{what}.json", job_plans(job))
     }
 
+    /// A job's deferred state rows of `batch_id` (always-on mode; see
+    /// [`crate::runner::deferred`]), expired with its plans.
+    pub fn job_deferred(job: &str, batch_id: i64) -> String {
+        format!("{}{batch_id:020}.deferred.parquet", job_plans(job))
+    }
+
+    /// The marker of a stream deferring a job's state output.
+    pub fn job_deferred_marker(job: &str) -> String {
+        format!("{}deferred.json", job_plans(job))
+    }
+
     /// The batch id in a plan file's name (`…/<batch:020>.json`, also `.plan.json` and
     /// `.result.json`).
     pub fn plan_batch(key: &str) -> Option<i64> {

@@ -56,27 +56,7 @@ enum Cmd {
     /// Run a job always-on: poll the landing zone and push what lands through ingestion
     /// and the job at once (the job and its sources are left to the stream by `run`).
     /// Stops cleanly on SIGTERM or Ctrl-C.
-    Stream {
-        /// The job (today: stockout).
-        #[arg(long)]
-        job: String,
-        /// Time between polls, e.g. 1s, 500ms.
-        #[arg(long, default_value = "1s")]
-        interval: String,
-        /// Stop after N polls.
-        #[arg(long)]
-        max_polls: Option<u64>,
-        /// Stop after N consecutive polls that found nothing new.
-        #[arg(long)]
-        idle_polls: Option<u64>,
-        /// Duplicate deliveries are removed within this much arrival time.
-        #[arg(long, default_value = "26h")]
-        dedup_ttl: String,
-        /// Compact, checkpoint and vacuum the job's tables between polls this often
-        /// ([maintain] settings); `off` never does.
-        #[arg(long, default_value = "1h")]
-        maintain_every: String,
-    },
+    Stream(stream::StreamArgs),
     /// Last runs, watermarks, late and quarantined counts, state, service levels and
     /// gold-table freshness.
     Status {
@@ -249,33 +229,7 @@ pub(crate) async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             no_vacuum,
             json,
         } => maintain::maintain(cfg, retention, no_compact, no_vacuum, json).await,
-        Cmd::Stream {
-            job,
-            interval,
-            max_polls,
-            idle_polls,
-            dedup_ttl,
-            maintain_every,
-        } => {
-            let maintain_every = match maintain_every.as_str() {
-                "off" => None,
-                v => Some(kestrel::config::parse_duration(v).map_err(|e| {
-                    anyhow::anyhow!(
-                        "--maintain-every: expected a duration such as 1h, or off ({e})"
-                    )
-                })?),
-            };
-            stream::stream(
-                cfg,
-                job,
-                interval,
-                max_polls,
-                idle_polls,
-                dedup_ttl,
-                maintain_every,
-            )
-            .await
-        }
+        Cmd::Stream(args) => stream::stream(cfg, args).await,
     }
 }
 

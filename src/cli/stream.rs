@@ -2,15 +2,51 @@
 
 use super::*;
 
-pub(super) async fn stream(
-    cfg: Config,
-    job: String,
-    interval: String,
-    max_polls: Option<u64>,
-    idle_polls: Option<u64>,
-    dedup_ttl: String,
-    maintain_every: Option<std::time::Duration>,
-) -> anyhow::Result<ExitCode> {
+/// `kestrel stream`'s options.
+#[derive(clap::Args)]
+pub(super) struct StreamArgs {
+    /// The job (today: stockout).
+    #[arg(long)]
+    pub(super) job: String,
+    /// Time between polls, e.g. 1s, 500ms.
+    #[arg(long, default_value = "1s")]
+    pub(super) interval: String,
+    /// Stop after N polls.
+    #[arg(long)]
+    pub(super) max_polls: Option<u64>,
+    /// Stop after N consecutive polls that found nothing new.
+    #[arg(long)]
+    pub(super) idle_polls: Option<u64>,
+    /// Duplicate deliveries are removed within this much arrival time.
+    #[arg(long, default_value = "26h")]
+    pub(super) dedup_ttl: String,
+    /// Compact, checkpoint and vacuum the job's tables between polls this often
+    /// ([maintain] settings); `off` never does.
+    #[arg(long, default_value = "1h")]
+    pub(super) maintain_every: String,
+    /// MERGE the job's state table (sku_availability) with every batch, as `run`
+    /// does; by default one bucket is committed per poll and the rest held in
+    /// memory and in a file per batch (alerts are never deferred).
+    #[arg(long)]
+    pub(super) state_every_poll: bool,
+}
+
+pub(super) async fn stream(cfg: Config, args: StreamArgs) -> anyhow::Result<ExitCode> {
+    let StreamArgs {
+        job,
+        interval,
+        max_polls,
+        idle_polls,
+        dedup_ttl,
+        maintain_every,
+        state_every_poll,
+    } = args;
+    let maintain_every = match maintain_every.as_str() {
+        "off" => None,
+        v => Some(kestrel::config::parse_duration(v).map_err(|e| {
+            anyhow::anyhow!("--maintain-every: expected a duration such as 1h, or off ({e})")
+        })?),
+    };
     use kestrel::runner::stream::{self, StreamOptions};
     let dedup_ttl = kestrel::config::parse_duration(&dedup_ttl)
         .map_err(|e| anyhow::anyhow!("--dedup-ttl: expected a duration such as 26h ({e})"))?;
@@ -38,6 +74,7 @@ pub(super) async fn stream(
         lease_ttl,
         dedup_ttl,
         maintain,
+        defer_state: !state_every_poll,
         ..Default::default()
     };
     println!("streaming {job} every {interval:?}; SIGTERM or Ctrl-C stops it cleanly");
@@ -49,6 +86,12 @@ pub(super) async fn stream(
             println!(
                 "{ts} poll {}: {} files, {} events, {} batches, alerts +{} -{}, watermark {w}, lag {lag}, dedup set {} ids ({:.1} MB), {} ms",
                 r.poll, r.files, r.events, r.job_batches, r.alerts_written, r.alerts_deleted, r.dedup_ids, r.dedup_bytes as f64 / 1e6, r.duration_ms
+            );
+        }
+        if let Some((part, rows)) = r.state_committed {
+            println!(
+                "{ts} state: bucket {part} committed ({rows} rows), {} rows pending",
+                r.state_pending
             );
         }
         if let Some((ms, bytes)) = r.checkpoint {
@@ -88,9 +131,15 @@ pub(super) async fn stream(
         .final_checkpoint
         .map(|(ms, bytes)| format!("; final checkpoint {:.1} MB in {ms} ms", bytes as f64 / 1e6))
         .unwrap_or_default();
+    if summary.state_caught_up > 0 {
+        println!(
+            "state: {} rows a stopped stream had left uncommitted were committed at start",
+            summary.state_caught_up
+        );
+    }
     println!(
-        "stopped after {} polls: {} files, {} events, {} job batches{last}",
-        summary.polls, summary.files, summary.events, summary.job_batches
+        "stopped after {} polls: {} files, {} events, {} job batches{last}; {} state rows committed when stopping",
+        summary.polls, summary.files, summary.events, summary.job_batches, summary.state_final
     );
     Ok(ExitCode::SUCCESS)
 }

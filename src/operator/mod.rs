@@ -27,6 +27,7 @@
 pub mod metrics;
 pub mod mirror;
 pub mod payments;
+pub mod pending;
 pub mod port;
 pub mod read;
 pub mod select;
@@ -80,6 +81,13 @@ pub trait Operator: std::fmt::Debug + Send + Sync {
     /// Whether `kestrel stream` can run the job always-on.
     fn can_stream(&self) -> bool {
         false
+    }
+
+    /// The output (one of [`Operator::more_outputs`]) holding the operator's state,
+    /// which the always-on mode commits less often than its batches run (see
+    /// [`pending`]); the operator then reads state from [`Context::pending_rows`] first.
+    fn deferred_output(&self, _spec: &JobSpec) -> Option<pending::DeferredOutput> {
+        None
     }
 
     /// The gold merge keys: `given` (`[sink] merge_keys`, never empty) checked, or the
@@ -165,6 +173,8 @@ pub struct Context<'a> {
     pub port: &'a dyn ReadPort,
     pub schemas: &'a BTreeMap<String, Arc<SourceSchema>>,
     pub clock: &'a Clock,
+    /// Rows of the deferred output not committed yet (always-on mode only).
+    pub pending: Option<&'a pending::Pending>,
 }
 
 impl<'a> Context<'a> {
@@ -177,6 +187,26 @@ impl<'a> Context<'a> {
             port,
             schemas,
             clock,
+            pending: None,
+        }
+    }
+
+    /// The same, with `pending` rows of the deferred output ahead of its table.
+    pub fn with_pending(mut self, pending: Option<&'a pending::Pending>) -> Self {
+        self.pending = pending;
+        self
+    }
+
+    /// The latest rows of `keys` in `table` not committed to it yet (None: none, or
+    /// `table` is not deferred): they supersede the table's rows of those keys.
+    pub fn pending_rows(
+        &self,
+        table: &str,
+        keys: &std::collections::HashSet<&str>,
+    ) -> Result<Option<RecordBatch>> {
+        match self.pending {
+            Some(p) if p.output().table == table => p.rows_for(keys),
+            _ => Ok(None),
         }
     }
 

@@ -211,7 +211,11 @@ async fn expire_plans(
         n += ledger::expire_plans(wh, s, last, retention).await?;
     }
     for spec in jobs {
-        let last = runlog::last_batch(wh, "job", &spec.name).await?;
+        let mut last = runlog::last_batch(wh, "job", &spec.name).await?;
+        // A stream's deferred state rows stay until they are committed.
+        if let Some(since) = crate::runner::deferred::keep_from(wh, &spec.name).await? {
+            last = last.min(since);
+        }
         n += crate::job::plan::expire(wh, &spec.name, last, retention).await?;
     }
     if n > 0 {

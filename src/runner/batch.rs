@@ -111,6 +111,7 @@ pub(crate) fn merge_partitions(out: &GoldRows) -> Result<Vec<(&'static str, Vec<
 }
 
 /// Runs jobs against one warehouse.
+#[derive(Clone)]
 pub struct JobRunner {
     pub(crate) wh: Warehouse,
     schemas: BTreeMap<String, Arc<SourceSchema>>,
@@ -119,6 +120,9 @@ pub struct JobRunner {
     stop: Option<super::StopFlag>,
     open: OpenCompaction,
     clock: Clock,
+    /// The always-on mode's uncommitted state rows: with them, the job's deferred output
+    /// is not MERGEd by its batches (see [`super::deferred`]).
+    pending: Option<Arc<crate::operator::pending::Pending>>,
 }
 
 impl JobRunner {
@@ -136,7 +140,16 @@ impl JobRunner {
             stop: None,
             open: OpenCompaction::default(),
             clock: Clock::system(),
+            pending: None,
         }
+    }
+
+    /// A runner whose batches leave the job's deferred output to `pending` (the
+    /// always-on mode's [`super::deferred::Deferral`]).
+    pub(crate) fn deferring(&self, pending: Arc<crate::operator::pending::Pending>) -> Self {
+        let mut r = self.clone();
+        r.pending = Some(pending);
+        r
     }
 
     /// Stamp rows and records with `clock`'s processing time (the system clock by
@@ -210,6 +223,10 @@ impl JobRunner {
         lease: &mut Lease,
         report: &mut JobReport,
     ) -> Result<()> {
+        if self.pending.is_none() {
+            // A stream killed while deferring its state left it to whoever runs next.
+            super::deferred::catch_up(self, spec).await?;
+        }
         let mut done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
         let mut state = self.state_before(spec, done + 1).await?;
         // Completed ingestion batches, read once: what lands meanwhile is the next run's.
@@ -257,7 +274,7 @@ impl JobRunner {
     /// What its operators compute with: the warehouse as their read port, the source
     /// schemas, its clock.
     pub(crate) fn context(&self) -> Context<'_> {
-        Context::new(&self.wh, &self.schemas, &self.clock)
+        Context::new(&self.wh, &self.schemas, &self.clock).with_pending(self.pending.as_deref())
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
@@ -337,14 +354,30 @@ impl JobRunner {
         let cpu0 = crate::time::clock::cpu_us();
         let t0 = Instant::now();
         let n = plan.batch_id;
+        let deferred = self.pending.as_ref().map(|p| p.output().table.clone());
+        // The commit that completes the batch's gold writes (a deferred output's is not
+        // one of them).
         let crate::operator::Output {
             table: marker,
             app: marker_app,
-        } = spec.completing_output();
+        } = match &deferred {
+            Some(d) => spec
+                .outputs()
+                .into_iter()
+                .rfind(|o| &o.table != d)
+                .unwrap_or_else(|| spec.completing_output()),
+            None => spec.completing_output(),
+        };
         let gold_done = self.committed(&marker, &marker_app, n).await?;
         let durable = plan::read_result(&self.wh, &spec.name, n).await?;
+        // A batch whose gold is done needs no compute, but in the always-on mode its
+        // deferred rows must come back (from its file; a batch a `run` began has none).
+        let deferred_done = match (&deferred, gold_done && durable.is_some()) {
+            (Some(_), true) => super::deferred::read_rows(&self.wh, &spec.name, n).await?,
+            _ => None,
+        };
         let computed = match (gold_done, durable) {
-            (true, Some(result)) => Computed {
+            (true, Some(result)) if deferred.is_none() || deferred_done.is_some() => Computed {
                 result,
                 late: None,
                 gold: Vec::new(),
@@ -357,6 +390,34 @@ impl JobRunner {
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
             }
+        };
+        // The deferred output's rows: durable before any commit of the batch, committed
+        // later by the stream.
+        let deferred_rows = match &deferred {
+            Some(d) => {
+                let rows = match deferred_done {
+                    Some(r) => r,
+                    None => {
+                        let Some(out) = computed.gold.iter().find(|g| &g.table == d) else {
+                            return Err(Error::Plan {
+                                path: names::key::job_plan(&spec.name, n, "result"),
+                                reason: format!(
+                                    "the batch computed no rows for its deferred output {d}"
+                                ),
+                            });
+                        };
+                        let schema = out
+                            .rows
+                            .first()
+                            .map(|b| b.schema())
+                            .unwrap_or_else(|| agg::merge_schema(&out.schema));
+                        arrow::compute::concat_batches(&schema, &out.rows)?
+                    }
+                };
+                super::deferred::write_rows(&self.wh, &spec.name, n, &rows).await?;
+                Some(rows)
+            }
+            None => None,
         };
         let compute_ms = t0.elapsed().as_millis();
         fault::pause("job_after_compute").await;
@@ -377,6 +438,9 @@ impl JobRunner {
             }
             if i > 0 && i == last {
                 fault::point("job_before_completing_merge");
+            }
+            if deferred.as_ref() == Some(&out.table) {
+                continue; // committed by the stream (`super::deferred`)
             }
             if let Some(w) = self.merge_gold(spec, out, n).await? {
                 *merged.get_or_insert(0) += w;
@@ -402,6 +466,9 @@ impl JobRunner {
         };
         runlog::log_job(&self.wh, &entry).await?;
         fault::point("job_after_runlog");
+        if let (Some(p), Some(rows)) = (&self.pending, &deferred_rows) {
+            p.add(n, rows)?;
+        }
         info!(
             job = %spec.name,
             batch = n,
@@ -445,7 +512,12 @@ impl JobRunner {
     /// writes the same thing; if the other writer committed this very batch, its
     /// transaction is found and nothing is written. Retries back off with jitter and give
     /// up after [`MERGE_ATTEMPTS`], reporting the table.
-    async fn merge_gold(&self, spec: &JobSpec, out: GoldRows, n: i64) -> Result<Option<i64>> {
+    pub(super) async fn merge_gold(
+        &self,
+        spec: &JobSpec,
+        out: GoldRows,
+        n: i64,
+    ) -> Result<Option<i64>> {
         if out.write != Write::Replace && out.rows.iter().all(|b| b.num_rows() == 0) {
             return Ok(None);
         }

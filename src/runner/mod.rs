@@ -11,6 +11,7 @@ use std::sync::Arc;
 pub mod backfill;
 pub mod batch;
 pub mod checkpoint;
+pub mod deferred;
 pub mod ingest;
 pub mod schedule;
 pub mod stream;

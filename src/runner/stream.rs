@@ -60,6 +60,10 @@ pub struct StreamOptions {
     /// Compact, checkpoint and vacuum the job's tables between polls this often (None:
     /// never). `kestrel maintain` leaves a streamed job's tables to its stream.
     pub maintain: Option<(Duration, crate::ops::maintain::MaintainOptions)>,
+    /// Commit the job's state output (`sku_availability`) a partition per poll, holding
+    /// the rest in memory and in a file per batch ([`crate::runner::deferred`]); false:
+    /// every batch MERGEs it, as `kestrel run` does.
+    pub defer_state: bool,
 }
 
 impl Default for StreamOptions {
@@ -73,6 +77,7 @@ impl Default for StreamOptions {
             dedup_ttl: Duration::from_secs(26 * 3600),
             checkpoint_every: Duration::from_secs(10),
             maintain: None,
+            defer_state: true,
         }
     }
 }
@@ -97,6 +102,11 @@ pub struct PollReport {
     pub checkpoint: Option<(u64, usize)>,
     /// Maintenance of the job's tables after this poll.
     pub maintenance: Option<crate::ops::maintain::MaintainReport>,
+    /// The deferred state output's partition committed after this poll, and its rows.
+    pub state_committed: Option<(i32, usize)>,
+    /// State rows not committed to their table after this poll (see
+    /// [`crate::runner::deferred`]).
+    pub state_pending: usize,
     /// Something went wrong but the stream goes on (e.g. a busy lease).
     pub warning: Option<String>,
     pub duration_ms: u64,
@@ -115,6 +125,10 @@ pub struct StreamSummary {
     pub final_checkpoint: Option<(u64, usize)>,
     /// Checkpoints written (the final one included).
     pub checkpoints: u64,
+    /// Deferred state rows a killed stream had left and this one committed at start,
+    /// and the rows committed when stopping.
+    pub state_caught_up: usize,
+    pub state_final: usize,
 }
 
 /// Per source: the position the in-memory set reflects, the last one checkpointed, and
@@ -219,9 +233,19 @@ pub async fn run(
                 .insert(s.clone(), (load.position, saved, written));
             loads.push((s.clone(), load));
         }
+        // State a killed stream deferred first; then defer this one's.
+        let caught_up = crate::runner::deferred::catch_up(runner, spec).await?;
+        let deferral = match opts.defer_state {
+            true => crate::runner::deferred::Deferral::start(runner, spec).await?,
+            false => None,
+        };
+        let deferring = deferral
+            .as_ref()
+            .map(|d| runner.deferring(d.pending.clone()));
         let parts = Parts {
             ing,
-            runner,
+            runner: deferring.as_ref().unwrap_or(runner),
+            deferral: deferral.as_ref(),
             spec,
             opts,
             stop,
@@ -229,6 +253,11 @@ pub async fn run(
         };
         let mut summary = poll_loop(&parts, &mut lease, &mut positions, &mut report).await?;
         summary.loads = loads;
+        summary.state_caught_up = caught_up;
+        crate::fault::point("stream_before_finish");
+        if let Some(d) = &deferral {
+            summary.state_final = d.finish(parts.runner, spec).await?;
+        }
         // The final checkpoint: a restart then reads only what lands after it.
         let mut seq = summary.checkpoints;
         summary.final_checkpoint =
@@ -247,6 +276,8 @@ pub async fn run(
 struct Parts<'a> {
     ing: &'a Ingestor,
     runner: &'a JobRunner,
+    /// The job's deferred state output, committed a partition per poll.
+    deferral: Option<&'a crate::runner::deferred::Deferral>,
     spec: &'a JobSpec,
     opts: &'a StreamOptions,
     stop: &'a StopFlag,
@@ -269,6 +300,7 @@ async fn poll_loop(
     let Parts {
         ing,
         runner,
+        deferral,
         spec,
         opts,
         stop,
@@ -313,6 +345,13 @@ async fn poll_loop(
             }
             Err(e @ Error::LeaseHeld { .. }) => warnings.push(e.to_string()),
             Err(e) => return Err(e),
+        }
+        if let Some(d) = deferral {
+            // One partition a poll (also when idle: the table completes within a poll
+            // per partition).
+            r.state_committed = d.commit_oldest(runner, spec).await?;
+            r.state_pending = d.pending.size().0;
+            crate::fault::point("stream_after_state_commit");
         }
         if let Some(lag) = r.lag_s {
             if lag > opts.max_lag.as_secs_f64() {

@@ -419,6 +419,96 @@ fn scenario(too_late: bool) -> Vec<(i64, Ev)> {
     all
 }
 
+/// The stream's deferred state (`sku_availability` committed a bucket per poll, the
+/// rest held in memory and in a file per batch): one poll of many batches (one file per
+/// ingestion batch) reads the states its earlier batches left uncommitted; a kill -9
+/// with states pending loses none of them — the restarted stream commits them first —
+/// and a `run` after a second kill does the same; the tables, late rows included, then
+/// equal the micro-batch job's run file by file (the same batches, so the same
+/// watermarks).
+#[test]
+fn a_killed_stream_loses_no_deferred_state_and_equals_the_micro_batch_job() {
+    let bs = buckets(&scenario(true));
+    let env = Env::with_config("[ingest]\nmax_files_per_batch = 1\n");
+    let batch = Env::new();
+    let stream = |polls: &'static str| {
+        vec![
+            "stream",
+            "--job",
+            "stockout",
+            "--max-polls",
+            polls,
+            "--interval",
+            "1ms",
+        ]
+    };
+    let marker = env
+        .warehouse()
+        .join("_kestrel/plans/job/stockout/deferred.json");
+    let half = bs.len() / 2;
+    for (k, (landed, evs)) in bs[..half].iter().enumerate() {
+        land(&env, k + 1, *landed, evs);
+        land(&batch, k + 1, *landed, evs);
+        run(&batch);
+    }
+    // Two polls (the first runs a batch per file, the second is idle), each committing
+    // one bucket; killed before the rest is committed.
+    env.killed_at(&stream("2"), "stream_before_finish");
+    let jobs = |env: &Env| env.count("_kestrel/runs", "SELECT count(*) FROM t WHERE kind = 'job'");
+    assert_eq!(jobs(&env), half as i64, "one job batch per file");
+    assert!(marker.exists(), "a killed stream leaves its marker");
+    let committed = env.snapshot("gold/sku_availability", &[]).len();
+    assert!(
+        committed < 12,
+        "states were pending at the kill ({committed} of 12 skus committed)"
+    );
+    for (k, (landed, evs)) in bs.iter().enumerate().skip(half) {
+        land(&env, k + 1, *landed, evs);
+        land(&batch, k + 1, *landed, evs);
+        run(&batch);
+    }
+    // The restarted stream commits the killed one's states, then runs the rest; killed
+    // after its first bucket commit.
+    env.killed_at(&stream("5"), "stream_after_state_commit");
+    assert_eq!(jobs(&env), bs.len() as i64);
+    assert!(marker.exists());
+    // `run` commits what the stream left before its batches (it has none).
+    run(&env);
+    assert!(
+        !marker.exists(),
+        "`run` committed the deferred state and dropped the marker"
+    );
+    // Processing-time and batch columns differ between the two sites.
+    let skip = [
+        "detected_at",
+        "_updated_at",
+        "_batch_id",
+        "_ingested_at",
+        "_recorded_at",
+    ];
+    for t in [
+        "gold/stockout_alerts",
+        "gold/sku_availability",
+        "late/stockout",
+    ] {
+        let got = env.snapshot(t, &skip);
+        assert!(!got.is_empty(), "{t}");
+        assert_eq!(got, batch.snapshot(t, &skip), "{t}");
+    }
+    // Every batch's deferred rows are a file next to its plan.
+    let files = std::fs::read_dir(env.warehouse().join("_kestrel/plans/job/stockout"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref().is_ok_and(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with(".deferred.parquet")
+            })
+        })
+        .count();
+    assert_eq!(files, bs.len(), "one deferred file per batch");
+}
+
 /// Events grouped into 10-minute arrival buckets: (file arrival time, events).
 fn buckets(all: &[(i64, Ev)]) -> Vec<(i64, Vec<Ev>)> {
     let mut b: BTreeMap<i64, Vec<Ev>> = BTreeMap::new();

@@ -131,6 +131,16 @@ impl Operator for Stockout {
         true
     }
 
+    fn deferred_output(&self, spec: &JobSpec) -> Option<crate::operator::pending::DeferredOutput> {
+        Some(crate::operator::pending::DeferredOutput {
+            table: self.availability_table.clone(),
+            app: names::app::availability(&spec.name),
+            key: "sku",
+            partition: so::BUCKET,
+            parts: 0..so::BUCKETS as i32,
+        })
+    }
+
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
         crate::operator::natural_keys(given, &["sku", "minute"], "the alerts' key")
     }
@@ -560,26 +570,34 @@ async fn sku_states<'a>(
     }
     buckets.sort_unstable();
     buckets.dedup();
-    let Some(ctx) = cx.open(table, "state").await? else {
-        return Ok(BTreeMap::new());
+    let mut states = match cx.open(table, "state").await? {
+        Some(ctx) => {
+            let filter = col(so::BUCKET).in_list(
+                buckets
+                    .iter()
+                    .map(|b| datafusion::prelude::lit(ScalarValue::Int32(Some(*b))))
+                    .collect(),
+                false,
+            );
+            let b = read::read_keys(
+                &ctx,
+                "state",
+                filter,
+                "sku",
+                &keys_batch(skus.clone())?,
+                &so::availability_schema(),
+            )
+            .await?;
+            so::states_from(&b)?
+        }
+        None => BTreeMap::new(),
     };
-    let filter = col(so::BUCKET).in_list(
-        buckets
-            .iter()
-            .map(|b| datafusion::prelude::lit(ScalarValue::Int32(Some(*b))))
-            .collect(),
-        false,
-    );
-    let b = read::read_keys(
-        &ctx,
-        "state",
-        filter,
-        "sku",
-        &keys_batch(skus)?,
-        &so::availability_schema(),
-    )
-    .await?;
-    so::states_from(&b)
+    // The always-on mode's states not committed yet supersede the table's.
+    let wanted: std::collections::HashSet<&str> = skus.map(String::as_str).collect();
+    if let Some(p) = cx.pending_rows(table, &wanted)? {
+        states.extend(so::states_from(&p)?);
+    }
+    Ok(states)
 }
 
 /// Existing alert rows: of the `replayed` skus from the date of `lo` (the cut-off:
