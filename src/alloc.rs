@@ -39,3 +39,20 @@ pub fn tune() {
         );
     }
 }
+
+/// Give memory freed by the last piece of work back to the system (a no-op on other C
+/// libraries). glibc returns only the top of its heap by itself; the small allocations
+/// of a large batch (a string per key in the operators' maps) free chunks all through
+/// it, and a long-running process would keep the batch's peak resident for good. The
+/// always-on stream calls this after each poll that did work: after its first poll over
+/// a million skus it stayed at ~860 MiB resident without it, ~200 MiB with it
+/// (`--bench jobs -- stream 60 1000000`). Takes a few milliseconds.
+pub fn release() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only returns free memory to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}

@@ -904,22 +904,17 @@ fn dedup_in_memory(
     Ok(out)
 }
 
-/// The incoming event ids that bronze already holds in the touched event `dates` (rows of
-/// batch `n` itself excepted): see [`probe`].
+/// The `incoming` event ids that bronze already holds in the touched event `dates` (rows
+/// of batch `n` itself excepted): see [`probe`].
 async fn existing_ids(
-    batches: &[RecordBatch],
-    id_idx: usize,
+    incoming: &HashSet<&str, foldhash::fast::RandomState>,
     dates: &BTreeSet<i32>,
     bronze: &deltalake::DeltaTable,
     n: i64,
 ) -> Result<HashSet<String, foldhash::fast::RandomState>> {
-    let mut incoming: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
-    for b in batches {
-        incoming.extend(b.column(id_idx).as_string::<i32>().iter().flatten());
-    }
     let days: Vec<String> = dates.iter().map(|d| crate::time::date(*d)).collect();
     let t = Instant::now();
-    let found = probe::existing_ids(bronze, &days, n, &incoming).await?;
+    let found = probe::existing_ids(bronze, &days, n, incoming).await?;
     info!(
         incoming = incoming.len(),
         files = found.files,
@@ -951,10 +946,8 @@ async fn dedup(
     if batches.iter().all(|b| b.num_rows() == 0) {
         return Ok(Vec::new());
     }
-    let mut existing: HashSet<String, foldhash::fast::RandomState> = HashSet::default();
-    if bronze.version().unwrap_or(0) > 0 {
-        existing = existing_ids(&batches, id_idx, &dates, bronze, n).await?;
-    }
+    // First occurrence within the batch; the distinct ids are then what the probe asks
+    // bronze about (one hash set of the batch's ids, not two).
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     let mut seen: HashSet<&str, foldhash::fast::RandomState> =
         HashSet::with_capacity_and_hasher(total, Default::default());
@@ -963,9 +956,24 @@ async fn dedup(
         let id = b.column(id_idx).as_string::<i32>();
         let mask: BooleanArray = id
             .iter()
-            .map(|v| Some(v.is_some_and(|s| !existing.contains(s) && seen.insert(s))))
+            .map(|v| Some(v.is_some_and(|s| seen.insert(s))))
             .collect();
         masks.push(mask);
+    }
+    if bronze.version().unwrap_or(0) > 0 {
+        let existing = existing_ids(&seen, &dates, bronze, n).await?;
+        if !existing.is_empty() {
+            for (b, m) in batches.iter().zip(masks.iter_mut()) {
+                let id = b.column(id_idx).as_string::<i32>();
+                *m = m
+                    .iter()
+                    .zip(id.iter())
+                    .map(|(keep, v)| {
+                        Some(keep == Some(true) && v.is_some_and(|s| !existing.contains(s)))
+                    })
+                    .collect();
+            }
+        }
     }
     let mut out = Vec::with_capacity(batches.len());
     for (b, m) in batches.into_iter().zip(&masks) {

@@ -378,6 +378,9 @@ async fn poll_loop(
                 maintained = Instant::now();
             }
         }
+        if r.files > 0 || r.job_batches > 0 {
+            crate::alloc::release();
+        }
         r.warning = (!warnings.is_empty()).then(|| warnings.join("; "));
         r.duration_ms = t.elapsed().as_millis() as u64;
         summary.files += r.files;

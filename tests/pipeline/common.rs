@@ -136,6 +136,16 @@ impl Env {
         snapshot_of(&self.wh(), table, exclude)
     }
 
+    /// Each of `tables` holds rows, and the same rows as in `other`'s warehouse, the
+    /// `skip` columns aside (processing times, batch ids).
+    pub fn assert_same_tables(&self, other: &Env, tables: &[&str], skip: &[&str]) {
+        for t in tables {
+            let got = self.snapshot(t, skip);
+            assert!(!got.is_empty(), "{t}");
+            assert_eq!(got, other.snapshot(t, skip), "{t}");
+        }
+    }
+
     /// One SQL query against one table (registered as `t`), results as strings.
     pub fn query(&self, table: &str, sql: &str) -> Vec<Vec<String>> {
         rt().block_on(async {

@@ -349,15 +349,15 @@ fn kill_9_between_compute_and_commit_then_rerun_gives_identical_tables() {
         run(&env);
     }
     let skip = ["_updated_at", "_recorded_at", "_ingested_at"];
-    for t in [
-        "gold/payment_reconciliation",
-        "gold/payments_fast",
-        "late/payment_reconciliation",
-    ] {
-        let got = env.snapshot(t, &skip);
-        assert!(!got.is_empty(), "{t}");
-        assert_eq!(got, clean.snapshot(t, &skip), "{t}");
-    }
+    env.assert_same_tables(
+        &clean,
+        &[
+            "gold/payment_reconciliation",
+            "gold/payments_fast",
+            "late/payment_reconciliation",
+        ],
+        &skip,
+    );
     let runs = "SELECT name, batch_id, rows_in, rows_applied, too_late, windows_recomputed, windows_deleted, corrections, to_unixtime(watermark) FROM t WHERE kind = 'job' ORDER BY name, batch_id";
     assert_eq!(
         env.query("_kestrel/runs", runs),

@@ -278,15 +278,15 @@ fn kill_9_then_restart(mode: Mode) {
         step(&env, mode);
     }
     let skip = ["_updated_at", "_recorded_at", "_ingested_at", "detected_at"];
-    for t in [
-        "gold/stockout_alerts",
-        "gold/sku_availability",
-        "late/stockout",
-    ] {
-        let got = env.snapshot(t, &skip);
-        assert!(!got.is_empty(), "{t}");
-        assert_eq!(got, clean.snapshot(t, &skip), "{t}");
-    }
+    env.assert_same_tables(
+        &clean,
+        &[
+            "gold/stockout_alerts",
+            "gold/sku_availability",
+            "late/stockout",
+        ],
+        &skip,
+    );
     let runs = "SELECT batch_id, rows_in, rows_applied, too_late, windows_recomputed, windows_deleted, corrections, to_unixtime(watermark) FROM t WHERE kind = 'job' ORDER BY batch_id";
     assert_eq!(
         env.query("_kestrel/runs", runs),
@@ -354,11 +354,11 @@ fn the_stream_file_by_file_equals_the_micro_batch_job() {
         1
     );
     let skip = ["detected_at", "_updated_at", "_batch_id"];
-    for t in ["gold/stockout_alerts", "gold/sku_availability"] {
-        let got = stream.snapshot(t, &skip);
-        assert!(!got.is_empty(), "{t}");
-        assert_eq!(got, batch.snapshot(t, &skip), "{t}");
-    }
+    stream.assert_same_tables(
+        &batch,
+        &["gold/stockout_alerts", "gold/sku_availability"],
+        &skip,
+    );
 }
 
 /// Events for 12 skus over two hours, a quarter of them up to 30 minutes late; three
@@ -486,15 +486,15 @@ fn a_killed_stream_loses_no_deferred_state_and_equals_the_micro_batch_job() {
         "_ingested_at",
         "_recorded_at",
     ];
-    for t in [
-        "gold/stockout_alerts",
-        "gold/sku_availability",
-        "late/stockout",
-    ] {
-        let got = env.snapshot(t, &skip);
-        assert!(!got.is_empty(), "{t}");
-        assert_eq!(got, batch.snapshot(t, &skip), "{t}");
-    }
+    env.assert_same_tables(
+        &batch,
+        &[
+            "gold/stockout_alerts",
+            "gold/sku_availability",
+            "late/stockout",
+        ],
+        &skip,
+    );
     // Every batch's deferred rows are a file next to its plan.
     let files = std::fs::read_dir(env.warehouse().join("_kestrel/plans/job/stockout"))
         .unwrap()

@@ -236,6 +236,9 @@ pub fn events_by_sku(rows: &RecordBatch) -> Result<BTreeMap<String, Vec<Event>>>
     }
     for v in out.values_mut() {
         v.sort_by(|a, b| a.key.cmp(&b.key));
+        // Most skus have an event or two in a batch: a pushed Vec holds room for four,
+        // 144 bytes a sku wasted (a million skus' opening counts: 144 MB).
+        v.shrink_to_fit();
     }
     Ok(out)
 }
