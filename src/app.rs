@@ -23,6 +23,8 @@ pub struct App {
     pub jobs: BTreeMap<String, JobSpec>,
     pub ingestor: Ingestor,
     pub runner: JobRunner,
+    /// Jobs a `run` runs at once (`parallel_jobs`).
+    pub parallel_jobs: usize,
 }
 
 /// What one `run` did: per source and per job, and what failed (a failed source does
@@ -64,6 +66,7 @@ impl App {
         let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
         let jobs = crate::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
         let lease_ttl = cfg.ingest.lease_ttl;
+        let parallel_jobs = cfg.parallel_jobs;
         let open = cfg.maintain.open_compaction();
         let stop = ingest.stop.clone();
         let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?;
@@ -77,6 +80,7 @@ impl App {
             jobs,
             ingestor,
             runner,
+            parallel_jobs,
         })
     }
 
@@ -145,7 +149,8 @@ impl App {
     }
 
     /// One `kestrel run`: ingest `sources` (those a running stream's job reads are left
-    /// to it), then run `jobs` (empty: all; a streamed job is reported as skipped).
+    /// to it), then run `jobs` (empty: all; a streamed job is reported as skipped),
+    /// `parallel_jobs` at once.
     pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
         let jobs = self.select_jobs(jobs)?;
         let sources = self.select_sources(sources)?;
@@ -165,20 +170,27 @@ impl App {
                 Err(e) => out.ingest_failures.push(format!("{s}: {e}")),
             }
         }
-        for spec in jobs {
+        let (streaming, runnable): (Vec<&JobSpec>, Vec<&JobSpec>) = jobs
+            .into_iter()
+            .partition(|spec| streamed.iter().any(|(j, _)| *j == spec.name));
+        let results = self.runner.run_jobs(&runnable, self.parallel_jobs).await;
+        for (spec, result) in runnable.iter().zip(results) {
+            match result {
+                Ok(r) => out.jobs.push(r),
+                Err(e) => out.job_failures.push(format!("{}: {e}", spec.name)),
+            }
+        }
+        for spec in streaming {
             if let Some((_, owner)) = streamed.iter().find(|(j, _)| *j == spec.name) {
                 out.jobs.push(JobReport {
                     job: spec.name.clone(),
                     skipped: Some(format!("running always-on in a stream ({owner})")),
                     ..Default::default()
                 });
-                continue;
-            }
-            match self.runner.run_job(spec).await {
-                Ok(r) => out.jobs.push(r),
-                Err(e) => out.job_failures.push(format!("{}: {e}", spec.name)),
             }
         }
+        // Reported in name order, as the jobs are listed.
+        out.jobs.sort_by(|a, b| a.job.cmp(&b.job));
         Ok(out)
     }
 }

@@ -128,6 +128,14 @@ pub struct Config {
     pub schedule: ScheduleConfig,
     /// Table maintenance settings.
     pub maintain: MaintainConfig,
+    /// How many jobs one `kestrel run` runs at once, each under its own lease (as
+    /// separate processes would); default one per core.
+    pub parallel_jobs: usize,
+}
+
+/// One job at a time per core (what `parallel_jobs` defaults to).
+pub fn default_parallel_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Config {
@@ -143,6 +151,7 @@ impl Config {
             ingest: IngestConfig::default(),
             schedule: ScheduleConfig::default(),
             maintain: MaintainConfig::default(),
+            parallel_jobs: default_parallel_jobs(),
         }
     }
 
@@ -203,6 +212,7 @@ impl Config {
             "ingest",
             "schedule",
             "maintain",
+            "parallel_jobs",
         ];
         for (key, value) in &table {
             match key.as_str() {
@@ -243,6 +253,7 @@ impl Config {
                         .ok_or_else(|| Error::config(file, key, "a table [maintain]"))?;
                     parse_maintain(file, t, &mut cfg.maintain)?;
                 }
+                "parallel_jobs" => cfg.parallel_jobs = positive(file, key, value)? as usize,
                 other => {
                     return Err(Error::config(
                         file,
@@ -534,6 +545,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("scheme `ftp`"), "{e}");
+    }
+
+    #[test]
+    fn parallel_jobs_defaults_to_the_cores_and_must_be_positive() {
+        let cfg = Config::parse("", "k.toml", Path::new(".")).unwrap();
+        assert_eq!(cfg.parallel_jobs, default_parallel_jobs());
+        let cfg = Config::parse("parallel_jobs = 3\n", "k.toml", Path::new(".")).unwrap();
+        assert_eq!(cfg.parallel_jobs, 3);
+        let e = Config::parse("parallel_jobs = 0\n", "k.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "k.toml: field `parallel_jobs`: expected a positive integer, got 0"
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::time::Instant;
 use arrow::array::RecordBatch;
 use datafusion::common::ScalarValue;
 use deltalake::DeltaTable;
+use futures::StreamExt;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
@@ -198,6 +199,32 @@ impl JobRunner {
             warn!(job = %spec.name, error = %e, "could not release lease");
         }
         result.map(|()| report)
+    }
+
+    /// Run `specs` ([`JobRunner::run_job`] each), up to `parallel` at once on the
+    /// runtime's threads; results in the order of `specs`. Jobs are independent: each
+    /// reads bronze and writes only its own tables under its own lease, and what they
+    /// share (the run log, the plans) takes concurrent appends, as it does from several
+    /// `kestrel run` processes. A job whose task panics is reported as failed.
+    pub async fn run_jobs(&self, specs: &[&JobSpec], parallel: usize) -> Vec<Result<JobReport>> {
+        let tasks = specs.iter().map(|spec| {
+            let (runner, spec) = (self.clone(), (*spec).clone());
+            async move {
+                let name = spec.name.clone();
+                tokio::spawn(async move { runner.run_job(&spec).await })
+                    .await
+                    .unwrap_or_else(|source| {
+                        Err(Error::Task {
+                            what: format!("job {name}"),
+                            source,
+                        })
+                    })
+            }
+        });
+        futures::stream::iter(tasks)
+            .buffered(parallel.max(1))
+            .collect()
+            .await
     }
 
     /// After a job's batches, under its lease: compact the crowded open partitions of its

@@ -798,3 +798,48 @@ fn processing_time_stamps_come_from_the_clock_passed_in() {
     assert!(!gold.is_empty());
     assert_eq!(gold, cli.snapshot("gold/revenue_5m", &skip));
 }
+
+/// A run's jobs at once (`parallel_jobs`) give the tables of the same jobs run one after
+/// another, batch for batch: three drops of the demo's events, each followed by a run.
+#[test]
+fn jobs_run_at_once_give_the_tables_of_jobs_run_one_by_one() {
+    use crate::faults::{files_by_mtime, replay_tables, SKIP};
+    let source = Env::new();
+    source.run_ok(&["demo", "--hours", "2", "--scale", "0.1"], 0);
+    let files = files_by_mtime(&source.landing());
+    let serial = Env::with_config("parallel_jobs = 1");
+    let parallel = Env::with_config("parallel_jobs = 8");
+    let third = files.len().div_ceil(3);
+    for drop in files.chunks(third) {
+        for env in [&serial, &parallel] {
+            for (p, mtime) in drop {
+                let to = env
+                    .landing()
+                    .join(p.strip_prefix(source.landing()).unwrap());
+                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                std::fs::copy(p, &to).unwrap();
+                set_mtime(&to, *mtime);
+            }
+            env.run_ok(&["run"], 0);
+        }
+    }
+    for t in replay_tables() {
+        assert_eq!(
+            parallel.snapshot(&t, &SKIP),
+            serial.snapshot(&t, &SKIP),
+            "{t}"
+        );
+    }
+    let runs = "SELECT name, batch_id, rows_in, rows_applied, too_late, windows_recomputed, corrections FROM t WHERE kind = 'job' ORDER BY name, batch_id";
+    let (p, s) = (
+        parallel.query("_kestrel/runs", runs),
+        serial.query("_kestrel/runs", runs),
+    );
+    assert_eq!(
+        p.len(),
+        3 * 8,
+        "each of the 8 jobs ran a batch per drop: {p:?}"
+    );
+    assert_eq!(p, s);
+    assert!(!parallel.snapshot("gold/revenue_5m", &SKIP).is_empty());
+}
