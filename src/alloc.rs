@@ -44,9 +44,10 @@ pub fn tune() {
 /// libraries). glibc returns only the top of its heap by itself; the small allocations
 /// of a large batch (a string per key in the operators' maps) free chunks all through
 /// it, and a long-running process would keep the batch's peak resident for good. The
-/// always-on stream calls this after each poll that did work: after its first poll over
-/// a million skus it stayed at ~860 MiB resident without it, ~200 MiB with it
-/// (`--bench jobs -- stream 60 1000000`). Takes a few milliseconds.
+/// always-on stream calls this after each poll that did work, the daemon after each
+/// run: after the stream's first poll over a million skus it stayed at ~860 MiB
+/// resident without it, ~200 MiB with it (`--bench jobs -- stream 60 1000000`). Takes a
+/// few milliseconds.
 pub fn release() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -140,6 +140,7 @@ import duckdb
 landing, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = duckdb.connect()
 con.execute(f"SET threads = {threads}")
+con.execute("SET enable_progress_bar = false")
 t = time.perf_counter()
 con.execute(f"""
 COPY (
@@ -175,7 +176,7 @@ print(elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         ));
     }
     let text = String::from_utf8_lossy(&o.stdout);
-    let mut it = text.split_whitespace();
+    let mut it = text.lines().last().unwrap_or_default().split_whitespace();
     let secs: f64 = it.next().and_then(|s| s.parse().ok()).ok_or("no timing")?;
     let rss: usize = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
     let file = std::fs::File::open(out).map_err(|e| e.to_string())?;

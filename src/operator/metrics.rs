@@ -28,6 +28,27 @@ pub struct InputCounts {
     pub oldest_landed: Option<Micros>,
 }
 
+impl InputCounts {
+    /// The counts of a batch's new rows as the cut-off split them (`applied` and
+    /// `too_late` out of `new`), with its watermark before and after.
+    pub fn of(
+        new: &arrow::array::RecordBatch,
+        applied: &arrow::array::RecordBatch,
+        too_late: &arrow::array::RecordBatch,
+        (watermark_before, watermark_after): (Option<Micros>, Option<Micros>),
+        oldest_landed: Option<Micros>,
+    ) -> Self {
+        InputCounts {
+            rows_in: new.num_rows() as i64,
+            applied: applied.num_rows() as i64,
+            too_late: too_late.num_rows() as i64,
+            watermark_before,
+            watermark_after,
+            oldest_landed,
+        }
+    }
+}
+
 /// An operator's batch metrics.
 pub trait Metrics: Serialize {
     /// The input counts.

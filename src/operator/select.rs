@@ -315,14 +315,13 @@ impl Operator for Select {
         let gold_schema = self.gold_schema(&bronze)?;
         let rows = self.gold_rows(&selected, &gold_schema, plan.batch_id, now)?;
         let metrics = SelectMetrics {
-            input: InputCounts {
-                rows_in: new.num_rows() as i64,
-                applied: applied.num_rows() as i64,
-                too_late: too_late.num_rows() as i64,
-                watermark_before: w_before,
-                watermark_after: w_after,
+            input: InputCounts::of(
+                &new,
+                &applied,
+                &too_late,
+                (w_before, w_after),
                 oldest_landed,
-            },
+            ),
             selected: selected.num_rows() as i64,
             filtered_out: (applied.num_rows() - selected.num_rows()) as i64,
         };

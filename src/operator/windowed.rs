@@ -415,14 +415,13 @@ impl Operator for Windowed {
             _ => None,
         };
         let metrics = WindowedMetrics {
-            input: InputCounts {
-                rows_in: new.num_rows() as i64,
-                applied: applied.num_rows() as i64,
-                too_late: late_rows.num_rows() as i64,
-                watermark_before: w_before,
-                watermark_after: w_after,
+            input: InputCounts::of(
+                &new,
+                &applied,
+                &late_rows,
+                (w_before, w_after),
                 oldest_landed,
-            },
+            ),
             windows: windows as i64,
             sessions_deleted: deleted as i64,
             corrections: corrections as i64,

@@ -412,6 +412,8 @@ impl Daemon {
                 })
             });
         self.running().remove(&name);
+        // A daemon runs for months: what a large run freed goes back to the system.
+        crate::alloc::release();
         let (outcome, summary) = match result {
             Ok(s) => (Outcome::Ok, s),
             // Another writer (a backfill, a `kestrel run`) holds the job or source.

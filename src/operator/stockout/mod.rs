@@ -207,14 +207,13 @@ impl Operator for Stockout {
         // 2. Touched skus, and the events the cut-off passes in this batch. The rows
         // themselves are not needed after this (a million skus' rows: ~75 MB).
         let new_events = so::events_by_sku(&applied)?;
-        let input_counts = InputCounts {
-            rows_in: new.num_rows() as i64,
-            applied: applied.num_rows() as i64,
-            too_late: too_late.num_rows() as i64,
-            watermark_before: w_before,
-            watermark_after: w_after,
+        let input_counts = InputCounts::of(
+            &new,
+            &applied,
+            &too_late,
+            (w_before, w_after),
             oldest_landed,
-        };
+        );
         drop((new, applied, too_late));
         let passed = match cutoff_after {
             Some(ca) if ca > lo => {
