@@ -13,10 +13,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use kestrel::config::Config;
 use kestrel::runner::ingest::{IngestOptions, Ingestor};
 use kestrel::source::discover;
@@ -85,18 +83,8 @@ fn generate(landing: &Path, events: usize) -> (Vec<PathBuf>, u64) {
 
 /// arrow-json decode of `files` on `threads` threads (each takes the next file).
 fn raw_decode(files: &[PathBuf], threads: usize) -> usize {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("event_id", DataType::Utf8, true),
-        Field::new(
-            "event_ts",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("order_id", DataType::Utf8, true),
-        Field::new("sku", DataType::Utf8, true),
-        Field::new("quantity", DataType::Int64, true),
-        Field::new("amount_cents", DataType::Int64, true),
-    ]));
+    let schemas = kestrel::schema::load_all(Path::new("/none")).unwrap();
+    let schema = schemas["orders"].event_schema();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let rows = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {

@@ -83,13 +83,9 @@ pub async fn expire_plans(
 /// Read a plan; None when it does not exist.
 pub async fn read_plan(wh: &Warehouse, source: &str, batch_id: i64) -> Result<Option<Plan>> {
     let key = names::key::ingest_plan(source, batch_id);
-    let Some(bytes) = wh.loc.get_opt(&key).await? else {
+    let Some(plan) = crate::job::plan::read_json::<Plan>(wh, &key).await? else {
         return Ok(None);
     };
-    let plan: Plan = serde_json::from_slice(&bytes).map_err(|e| Error::Plan {
-        path: wh.loc.display(&key),
-        reason: e.to_string(),
-    })?;
     if plan.batch_id != batch_id || plan.source != source {
         return Err(Error::Plan {
             path: wh.loc.display(&key),

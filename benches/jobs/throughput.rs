@@ -214,24 +214,13 @@ fn rows_of(batches: &[arrow::array::RecordBatch]) -> Rows {
 
 /// DataFusion alone over the NDJSON files: (seconds, rows).
 async fn datafusion_alone(landing: &Path) -> (f64, Rows) {
-    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
-    let schema = Schema::new(vec![
-        Field::new("event_id", DataType::Utf8, true),
-        Field::new(
-            "event_ts",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("order_id", DataType::Utf8, true),
-        Field::new("sku", DataType::Utf8, true),
-        Field::new("quantity", DataType::Int64, true),
-        Field::new("amount_cents", DataType::Int64, true),
-    ]);
+    let schemas = kestrel::schema::load_all(Path::new("/none")).unwrap();
+    let schema = schemas["orders"].event_schema();
     let t = Instant::now();
     let ctx = datafusion::prelude::SessionContext::new();
     let opts = datafusion::prelude::JsonReadOptions {
         file_extension: ".ndjson",
-        schema: Some(&schema),
+        schema: Some(schema.as_ref()),
         ..Default::default()
     };
     let dir = format!("{}/orders/", landing.display());

@@ -132,7 +132,12 @@ pub struct JobResult {
     pub metrics: std::collections::BTreeMap<String, i64>,
 }
 
-async fn read<T: for<'de> Deserialize<'de>>(wh: &Warehouse, key: &str) -> Result<Option<T>> {
+/// A JSON document of the warehouse's bookkeeping (plans, results, markers); None when
+/// it does not exist, a plan error naming it when it does not parse.
+pub(crate) async fn read_json<T: for<'de> Deserialize<'de>>(
+    wh: &Warehouse,
+    key: &str,
+) -> Result<Option<T>> {
     let Some(bytes) = wh.loc.get_opt(key).await? else {
         return Ok(None);
     };
@@ -153,7 +158,7 @@ where
     if wh.loc.put_if_absent(key, body).await? {
         return Ok(value.clone());
     }
-    read(wh, key).await?.ok_or_else(|| Error::Plan {
+    read_json(wh, key).await?.ok_or_else(|| Error::Plan {
         path: wh.loc.display(key),
         reason: "reported as existing but cannot be read".into(),
     })
@@ -178,7 +183,7 @@ pub async fn expire(
 
 /// Read plan `n` of `job`.
 pub async fn read_plan(wh: &Warehouse, job: &str, n: i64) -> Result<Option<JobPlan>> {
-    read(wh, &names::key::job_plan(job, n, "plan")).await
+    read_json(wh, &names::key::job_plan(job, n, "plan")).await
 }
 
 /// Make plan `n` durable (or return the one already there).
@@ -193,7 +198,7 @@ pub async fn write_plan(wh: &Warehouse, plan: &JobPlan) -> Result<JobPlan> {
 
 /// Read result `n` of `job`.
 pub async fn read_result(wh: &Warehouse, job: &str, n: i64) -> Result<Option<JobResult>> {
-    read(wh, &names::key::job_plan(job, n, "result")).await
+    read_json(wh, &names::key::job_plan(job, n, "result")).await
 }
 
 /// Make result `n` durable (or return the one already there).

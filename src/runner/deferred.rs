@@ -52,16 +52,7 @@ pub struct Marker {
 }
 
 async fn read_marker(wh: &Warehouse, job: &str) -> Result<Option<Marker>> {
-    let key = names::key::job_deferred_marker(job);
-    match wh.loc.get_opt(&key).await? {
-        Some(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| Error::Plan {
-                path: wh.loc.display(&key),
-                reason: e.to_string(),
-            }),
-        None => Ok(None),
-    }
+    crate::job::plan::read_json(wh, &names::key::job_deferred_marker(job)).await
 }
 
 /// The first batch whose deferred rows must be kept (None: nothing is deferred).

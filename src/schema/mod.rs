@@ -201,6 +201,14 @@ impl SourceSchema {
         })
     }
 
+    /// The event fields alone as Arrow (bronze's leading columns): what a plain JSON
+    /// reader of the landed records would decode into.
+    pub fn event_schema(&self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.bronze.fields()[..self.fields.len()].to_vec(),
+        ))
+    }
+
     /// Index of a field by name.
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.fields.iter().position(|f| f.name == name)
@@ -284,6 +292,20 @@ mod tests {
             &ts_type()
         );
         assert!(all["clickstream"].fields[4].nullable);
+        let events = all["orders"].event_schema();
+        let names: Vec<&str> = events.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "event_id",
+                "event_ts",
+                "order_id",
+                "sku",
+                "quantity",
+                "amount_cents"
+            ]
+        );
+        assert_eq!(events.field(1).data_type(), &ts_type());
     }
 
     #[test]
