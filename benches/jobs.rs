@@ -107,6 +107,18 @@ impl Site {
         cfg
     }
 
+    /// The site's warehouse.
+    fn warehouse(&self) -> Warehouse {
+        Warehouse::new(Location::open(&self.config().warehouse, &BTreeMap::new(), true).unwrap())
+    }
+
+    /// `sql` over the site's `table`, registered as `t`.
+    async fn query(&self, table: &str, sql: &str) -> Vec<arrow::array::RecordBatch> {
+        let t = self.warehouse().open(table).await.unwrap().unwrap();
+        let ctx = kestrel::sink::delta::session_with(&t, "t").await.unwrap();
+        kestrel::sink::delta::sql(&ctx, sql).await.unwrap()
+    }
+
     /// Ingest what landed, then run each job: (ingest s, job s per job).
     async fn step(&self) -> (f64, Vec<f64>) {
         let t = Instant::now();
@@ -120,11 +132,8 @@ impl Site {
             ing.ingest_source(s).await.unwrap();
         }
         let ingest_s = t.elapsed().as_secs_f64();
-        let wh = Warehouse::new(
-            Location::open(&self.config().warehouse, &BTreeMap::new(), true).unwrap(),
-        );
         let runner = JobRunner::new(
-            wh,
+            self.warehouse(),
             self.schemas.clone(),
             std::time::Duration::from_secs(600),
         );
@@ -412,31 +421,19 @@ async fn availability_equals_micro_batch(
     let ing =
         Ingestor::with_schemas(batch.config(), schemas.clone(), IngestOptions::default()).unwrap();
     ing.ingest_source("inventory").await.unwrap();
-    let wh = |d: &Path| {
-        Warehouse::new(
-            Location::open(
-                &d.join("warehouse").display().to_string(),
-                &BTreeMap::new(),
-                true,
-            )
-            .unwrap(),
-        )
-    };
     let runner = JobRunner::new(
-        wh(&batch.dir),
+        batch.warehouse(),
         schemas.clone(),
         std::time::Duration::from_secs(600),
     );
     runner.run_job(spec).await.unwrap();
-    let rows = |w: Warehouse| async move {
-        let t = w.open("gold/sku_availability").await.unwrap().unwrap();
-        let ctx = kestrel::sink::delta::session_with(&t, "a").await.unwrap();
-        let b = kestrel::sink::delta::sql(
-            &ctx,
-            "SELECT sku, on_hand, available, CAST(as_of AS BIGINT) FROM a ORDER BY sku",
-        )
-        .await
-        .unwrap();
+    let rows = |site: Site| async move {
+        let b = site
+            .query(
+                "gold/sku_availability",
+                "SELECT sku, on_hand, available, CAST(as_of AS BIGINT) FROM t ORDER BY sku",
+            )
+            .await;
         let mut out = Vec::new();
         for b in &b {
             let sku = kestrel::columns::string_at(b, 0).unwrap();
@@ -448,7 +445,8 @@ async fn availability_equals_micro_batch(
         }
         out
     };
-    let (a, b) = (rows(wh(dir)).await, rows(wh(&batch.dir)).await);
+    let stream = Site::new(dir.to_path_buf(), schemas, &[spec]);
+    let (a, b) = (rows(stream).await, rows(batch).await);
     (a == b, a.len())
 }
 
@@ -490,9 +488,11 @@ async fn stream_latency_once(
     land("f000000.ndjson", body);
     let ing =
         Ingestor::with_schemas(site.config(), schemas.clone(), IngestOptions::default()).unwrap();
-    let wh =
-        Warehouse::new(Location::open(&site.config().warehouse, &BTreeMap::new(), true).unwrap());
-    let runner = JobRunner::new(wh, schemas.clone(), std::time::Duration::from_secs(600));
+    let runner = JobRunner::new(
+        site.warehouse(),
+        schemas.clone(),
+        std::time::Duration::from_secs(600),
+    );
     let stop = StopFlag::default();
     let polls: Arc<Mutex<Vec<(i64, i64, i64)>>> = Arc::new(Mutex::new(Vec::new()));
     let opts = StreamOptions {
@@ -554,16 +554,12 @@ async fn stream_latency_once(
     let (summary, ()) = tokio::join!(stream_fut, lander);
     let summary = summary.unwrap();
     // Alerts and the poll that wrote each.
-    let wh =
-        Warehouse::new(Location::open(&site.config().warehouse, &BTreeMap::new(), true).unwrap());
-    let t = wh.open("gold/stockout_alerts").await.unwrap().unwrap();
-    let ctx = kestrel::sink::delta::session_with(&t, "a").await.unwrap();
-    let rows = kestrel::sink::delta::sql(
-        &ctx,
-        "SELECT sku, CAST(detected_at AS BIGINT) FROM a WHERE sku LIKE 'OUT-%'",
-    )
-    .await
-    .unwrap();
+    let rows = site
+        .query(
+            "gold/stockout_alerts",
+            "SELECT sku, CAST(detected_at AS BIGINT) FROM t WHERE sku LIKE 'OUT-%'",
+        )
+        .await;
     let polls = polls.lock().unwrap().clone();
     let mut lat: Vec<f64> = Vec::new();
     for b in &rows {

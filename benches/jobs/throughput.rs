@@ -31,8 +31,6 @@ use std::time::Instant;
 
 use kestrel::job::spec::JobSpec;
 use kestrel::schema::SourceSchema;
-use kestrel::sink::delta::Warehouse;
-use kestrel::storage::Location;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -241,16 +239,12 @@ async fn datafusion_alone(landing: &Path) -> (f64, Rows) {
 
 /// `gold/revenue_5m` of `site`, shaped as [`Rows`].
 async fn gold_rows(site: &Site) -> Rows {
-    let wh =
-        Warehouse::new(Location::open(&site.config().warehouse, &BTreeMap::new(), true).unwrap());
-    let t = wh.open("gold/revenue_5m").await.unwrap().unwrap();
-    let ctx = kestrel::sink::delta::session_with(&t, "g").await.unwrap();
-    let b = kestrel::sink::delta::sql(
-        &ctx,
-        "SELECT sku, CAST(window_start AS BIGINT), orders, units, revenue_cents FROM g",
-    )
-    .await
-    .unwrap();
+    let b = site
+        .query(
+            "gold/revenue_5m",
+            "SELECT sku, CAST(window_start AS BIGINT), orders, units, revenue_cents FROM t",
+        )
+        .await;
     rows_of(&b)
 }
 
