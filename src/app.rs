@@ -69,9 +69,14 @@ impl App {
         let parallel_jobs = cfg.parallel_jobs;
         let open = cfg.maintain.open_compaction();
         let stop = ingest.stop.clone();
+        let engine = cfg.engine.clone();
         let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?;
+        // Checked before anything is read or committed: an unreachable scheduler fails
+        // the run with nothing done (unless `[engine] fallback = "local"`).
+        let cluster = crate::engine::connect::read_port(&engine, ingestor.warehouse()).await?;
         let mut runner = JobRunner::new(ingestor.warehouse().clone(), schemas.clone(), lease_ttl)
-            .with_open_compaction(open);
+            .with_open_compaction(open)
+            .with_cluster(cluster);
         if let Some(stop) = stop {
             runner = runner.with_stop(stop);
         }

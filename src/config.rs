@@ -131,6 +131,8 @@ pub struct Config {
     /// How many jobs one `kestrel run` runs at once, each under its own lease (as
     /// separate processes would); default one per core.
     pub parallel_jobs: usize,
+    /// Where reads and aggregates execute (`[engine]`; default this process).
+    pub engine: crate::engine::EngineConfig,
 }
 
 /// One job at a time per core (what `parallel_jobs` defaults to).
@@ -152,6 +154,7 @@ impl Config {
             schedule: ScheduleConfig::default(),
             maintain: MaintainConfig::default(),
             parallel_jobs: default_parallel_jobs(),
+            engine: crate::engine::EngineConfig::default(),
         }
     }
 
@@ -213,6 +216,7 @@ impl Config {
             "schedule",
             "maintain",
             "parallel_jobs",
+            "engine",
         ];
         for (key, value) in &table {
             match key.as_str() {
@@ -254,6 +258,12 @@ impl Config {
                     parse_maintain(file, t, &mut cfg.maintain)?;
                 }
                 "parallel_jobs" => cfg.parallel_jobs = positive(file, key, value)? as usize,
+                "engine" => {
+                    let t = value
+                        .as_table()
+                        .ok_or_else(|| Error::config(file, key, "a table [engine]"))?;
+                    cfg.engine = crate::engine::EngineConfig::parse(file, t)?;
+                }
                 other => {
                     return Err(Error::config(
                         file,

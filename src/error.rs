@@ -109,6 +109,10 @@ pub enum Error {
     #[error(transparent)]
     Lease(#[from] crate::lease::LeaseError),
 
+    /// Reaching or running on a cluster engine.
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+
     /// A source without a schema.
     #[error("no schema for source `{0}`")]
     NoSchema(String),

@@ -8,6 +8,7 @@ pub mod app;
 pub mod columns;
 pub mod config;
 pub mod demo;
+pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod job;

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod backfill;
+mod cluster;
 mod demo;
 mod lag;
 mod maintain;
@@ -152,6 +153,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run a process of a Ballista cluster that `[engine] kind = "ballista"` sends
+    /// reads and aggregates to (see README "Running on a cluster").
+    Cluster {
+        #[command(subcommand)]
+        role: cluster::Role,
+    },
     /// Generate realistic events for all four sources into the (local) landing zone.
     Demo {
         /// Hours of event time, ending now.
@@ -230,6 +237,7 @@ pub(crate) async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => maintain::maintain(cfg, retention, no_compact, no_vacuum, json).await,
         Cmd::Stream(args) => stream::stream(cfg, args).await,
+        Cmd::Cluster { role } => cluster::cluster(role).await,
     }
 }
 

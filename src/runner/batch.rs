@@ -124,6 +124,8 @@ pub struct JobRunner {
     /// The always-on mode's uncommitted state rows: with them, the job's deferred output
     /// is not MERGEd by its batches (see [`super::deferred`]).
     pending: Option<Arc<crate::operator::pending::Pending>>,
+    /// Where the operators' reads run when not in this process (`[engine]`).
+    cluster: Option<Arc<crate::engine::port::ClusterPort>>,
 }
 
 impl JobRunner {
@@ -142,7 +144,15 @@ impl JobRunner {
             open: OpenCompaction::default(),
             clock: Clock::system(),
             pending: None,
+            cluster: None,
         }
+    }
+
+    /// Run the operators' reads and aggregates on the cluster behind `port` (see
+    /// [`crate::engine`]); plans, MERGEs and commits stay in this process.
+    pub fn with_cluster(mut self, port: Option<crate::engine::port::ClusterPort>) -> Self {
+        self.cluster = port.map(Arc::new);
+        self
     }
 
     /// A runner whose batches leave the job's deferred output to `pending` (the
@@ -298,10 +308,14 @@ impl JobRunner {
         Ok(())
     }
 
-    /// What its operators compute with: the warehouse as their read port, the source
-    /// schemas, its clock.
+    /// What its operators compute with: the warehouse (or the cluster reading it) as
+    /// their read port, the source schemas, its clock.
     pub(crate) fn context(&self) -> Context<'_> {
-        Context::new(&self.wh, &self.schemas, &self.clock).with_pending(self.pending.as_deref())
+        let port: &dyn crate::operator::port::ReadPort = match &self.cluster {
+            Some(c) => c.as_ref(),
+            None => &self.wh,
+        };
+        Context::new(port, &self.schemas, &self.clock).with_pending(self.pending.as_deref())
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.

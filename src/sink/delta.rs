@@ -558,6 +558,11 @@ pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
 
 /// A DataFusion session for reading kestrel's tables.
 pub fn session() -> SessionContext {
+    SessionContext::new_with_config(session_config())
+}
+
+/// The configuration of every kestrel read's session, local or on a cluster.
+pub fn session_config() -> SessionConfig {
     // Plain Utf8 from Parquet: view types would be cast back (a copy) by every reader.
     let mut config = SessionConfig::new().with_target_partitions(2);
     let options = config.options_mut();
@@ -571,7 +576,7 @@ pub fn session() -> SessionContext {
         .optimizer
         .hash_join_inlist_pushdown_max_distinct_values = KEYED_READ_LIST;
     options.optimizer.hash_join_inlist_pushdown_max_size = KEYED_READ_LIST * 64;
-    SessionContext::new_with_config(config)
+    config
 }
 
 /// Keys a keyed read hands to its scan as a list (see [`session`]).

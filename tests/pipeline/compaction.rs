@@ -19,7 +19,7 @@ const JOBS: [&str; 7] = [
 ];
 
 /// Processing-time columns (they differ between two runs of the same input).
-const SKIP: [&str; 5] = [
+pub(crate) const SKIP: [&str; 5] = [
     "_updated_at",
     "_ingested_at",
     "_recorded_at",
@@ -28,7 +28,7 @@ const SKIP: [&str; 5] = [
 ];
 
 /// Every table a replay writes.
-fn tables() -> Vec<String> {
+pub(crate) fn tables() -> Vec<String> {
     let mut t = Vec::new();
     for s in SOURCES {
         t.push(format!("bronze/{s}"));
@@ -43,7 +43,7 @@ fn tables() -> Vec<String> {
 }
 
 /// One demo landing zone (an hour), as (arrival s, path under the landing zone, bytes).
-fn demo_files() -> Vec<(i64, String, Vec<u8>)> {
+pub(crate) fn demo_files() -> Vec<(i64, String, Vec<u8>)> {
     let src = Env::new();
     src.run_ok(&["demo", "--hours", "1"], 0);
     let mut files = Vec::new();
@@ -67,7 +67,7 @@ fn collect(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<(i64, St
 }
 
 /// The arrival buckets (15 minutes) of `files`, in order.
-fn buckets(files: &[(i64, String, Vec<u8>)]) -> Vec<Vec<&(i64, String, Vec<u8>)>> {
+pub(crate) fn buckets(files: &[(i64, String, Vec<u8>)]) -> Vec<Vec<&(i64, String, Vec<u8>)>> {
     let mut out: Vec<Vec<&(i64, String, Vec<u8>)>> = Vec::new();
     let mut current = i64::MIN;
     for f in files {
@@ -83,13 +83,13 @@ fn buckets(files: &[(i64, String, Vec<u8>)]) -> Vec<Vec<&(i64, String, Vec<u8>)>
     out
 }
 
-fn land_all(env: &Env, bucket: &[&(i64, String, Vec<u8>)]) {
+pub(crate) fn land_all(env: &Env, bucket: &[&(i64, String, Vec<u8>)]) {
     for (at, rel, body) in bucket {
         env.land(rel, body, *at);
     }
 }
 
-fn assert_same_tables(a: &Env, b: &Env) {
+pub(crate) fn assert_same_tables(a: &Env, b: &Env) {
     for t in tables() {
         let (x, y) = (a.snapshot(&t, &SKIP), b.snapshot(&t, &SKIP));
         assert_eq!(x.len(), y.len(), "{t}: row count");

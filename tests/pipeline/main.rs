@@ -3,6 +3,7 @@
 
 mod backfill;
 mod cdc;
+mod cluster;
 mod common;
 mod compaction;
 mod faults;

@@ -1,0 +1,119 @@
+//! `kestrel cluster scheduler|executor`: Ballista's scheduler and executor embedded in
+//! the kestrel binary, with kestrel's plan codec registered ([`super::codec`]), so a
+//! cluster always runs the same code as the coordinator that sends it plans.
+//!
+//! Port 0 asks for a free port; the address taken is the first line of output.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::sync::Arc;
+
+use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::SchedulerConfig;
+use ballista_scheduler::scheduler_process::{create_scheduler, start_grpc_service_with_listener};
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
+
+use super::{codec, EngineError, BALLISTA_VERSION, KESTREL_VERSION};
+use crate::error::Result;
+
+/// An executor silent for this long is taken for dead.
+const EXECUTOR_TIMEOUT_S: u64 = 20;
+
+fn process_error(what: impl Into<String>) -> impl FnOnce(String) -> EngineError {
+    let what = what.into();
+    move |reason| EngineError::Process { what, reason }
+}
+
+fn parse_bind(what: &str, bind: &str) -> std::result::Result<SocketAddr, EngineError> {
+    bind.parse::<SocketAddr>()
+        .map_err(|e| EngineError::Process {
+            what: format!("{what} --bind {bind:?}"),
+            reason: format!("expected HOST:PORT with an IP address, e.g. 127.0.0.1:50050 ({e})"),
+        })
+}
+
+/// Run a scheduler on `bind` (`HOST:PORT`) until the process is stopped. Prints
+/// `scheduler df://HOST:PORT …` first.
+pub async fn scheduler(bind: &str) -> Result<()> {
+    let addr = parse_bind("scheduler", bind)?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| process_error(format!("scheduler: bind {addr}"))(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| process_error("scheduler")(e.to_string()))?;
+    println!("scheduler df://{addr} (kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})");
+    let mut config = SchedulerConfig::default()
+        .with_hostname(addr.ip().to_string())
+        .with_port(addr.port());
+    config.bind_host = addr.ip().to_string();
+    config.override_logical_codec = Some(codec::logical());
+    // Executors heartbeat every 5 s (see `executor`): one silent for 20 s is gone, and
+    // the tasks it was running are handed to the others (Ballista's default waits 3 min).
+    config.executor_timeout_seconds = EXECUTOR_TIMEOUT_S;
+    config.expire_dead_executor_interval_seconds = 5;
+    config.no_executors_grace_period_seconds = EXECUTOR_TIMEOUT_S;
+    let cluster = BallistaCluster::new_from_config(&config)
+        .await
+        .map_err(|e| process_error("scheduler")(e.to_string()))?;
+    let server = create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, Arc::new(config))
+        .await
+        .map_err(|e| process_error("scheduler")(e.to_string()))?;
+    start_grpc_service_with_listener(listener, server)
+        .await
+        .map_err(|e| process_error("scheduler")(e.to_string()))?;
+    Ok(())
+}
+
+/// A free TCP port on `ip` (bound and released: the executor binds it again).
+fn free_port(ip: std::net::IpAddr) -> std::result::Result<u16, EngineError> {
+    StdListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| process_error(format!("executor: find a free port on {ip}"))(e.to_string()))
+}
+
+/// Run an executor on `bind` (`HOST:PORT`, its Arrow Flight port; its task port is the
+/// next free one) for the scheduler at `scheduler` (`HOST:PORT` or `df://HOST:PORT`),
+/// running up to `concurrent_tasks` tasks at once (default: one per core). Prints
+/// `executor HOST:PORT …` first.
+pub async fn executor(scheduler: &str, bind: &str, concurrent_tasks: Option<usize>) -> Result<()> {
+    let url = if scheduler.contains("://") {
+        scheduler.to_string()
+    } else {
+        format!("df://{scheduler}")
+    };
+    let (scheduler_host, scheduler_port) =
+        super::config::scheduler_addr(&url).map_err(process_error("executor --scheduler"))?;
+    let addr = parse_bind("executor", bind)?;
+    let port = match addr.port() {
+        0 => free_port(addr.ip())?,
+        p => p,
+    };
+    let grpc_port = free_port(addr.ip())?;
+    let vcores = concurrent_tasks.unwrap_or_else(crate::config::default_parallel_jobs);
+    println!(
+        "executor {}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})",
+        addr.ip()
+    );
+    let config = ExecutorProcessConfig {
+        bind_host: addr.ip().to_string(),
+        external_host: Some(addr.ip().to_string()),
+        port,
+        grpc_port,
+        scheduler_host,
+        scheduler_port,
+        // Keep trying while the scheduler starts.
+        scheduler_connect_timeout_seconds: 30,
+        vcores,
+        print_thread_info: false,
+        // A lost executor is noticed within seconds, not a minute.
+        executor_heartbeat_interval_seconds: 5,
+        override_logical_codec: Some(codec::logical()),
+        ..Default::default()
+    };
+    start_executor_process(Arc::new(config))
+        .await
+        .map_err(|e| process_error("executor")(e.to_string()))?;
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! kestrel's logical plan codec for Ballista: Ballista's own, plus in-memory tables.
+//!
+//! Plans reach the scheduler as protobuf. DataFusion encodes Parquet listing tables and
+//! empty tables itself; an in-memory table (a keyed read's keys, a table read locally
+//! because the cluster cannot read it, see [`super::port`]) needs this codec: its rows
+//! travel as an Arrow IPC stream behind a header naming the kestrel version that encoded
+//! it, and a process of another version refuses the plan with both versions named.
+//! Registered on the client session, the scheduler and the executors alike.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use datafusion::catalog::TableProvider;
+use datafusion::common::TableReference;
+use datafusion::datasource::file_format::FileFormatFactory;
+use datafusion::datasource::MemTable;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{AggregateUDF, Extension, LogicalPlan, ScalarUDF, WindowUDF};
+use datafusion_proto::logical_plan::LogicalExtensionCodec;
+
+use super::{EngineError, KESTREL_VERSION};
+
+/// First bytes of an encoded in-memory table.
+const MAGIC: &[u8; 4] = b"KMT1";
+
+/// Ballista's logical codec with kestrel's in-memory tables added.
+#[derive(Debug)]
+pub struct KestrelLogicalCodec {
+    inner: Arc<dyn LogicalExtensionCodec>,
+}
+
+impl Default for KestrelLogicalCodec {
+    fn default() -> Self {
+        KestrelLogicalCodec {
+            inner: Arc::new(ballista_core::serde::BallistaLogicalExtensionCodec::default()),
+        }
+    }
+}
+
+/// The codec as Ballista's configuration takes it.
+pub fn logical() -> Arc<dyn LogicalExtensionCodec> {
+    Arc::new(KestrelLogicalCodec::default())
+}
+
+fn encode_mem(table: &MemTable, buf: &mut Vec<u8>) -> Result<()> {
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    for part in &table.batches {
+        let rows = part
+            .try_read()
+            .map_err(|_| DataFusionError::Execution("in-memory table is being written".into()))?;
+        batches.extend(rows.iter().cloned());
+    }
+    buf.extend_from_slice(MAGIC);
+    let v = KESTREL_VERSION.as_bytes();
+    buf.push(v.len() as u8);
+    buf.extend_from_slice(v);
+    let mut w = StreamWriter::try_new(&mut *buf, &table.schema())?;
+    for b in &batches {
+        w.write(b)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+fn decode_mem(buf: &[u8], schema: SchemaRef) -> Result<MemTable> {
+    let bad = || DataFusionError::Internal("not a kestrel in-memory table".into());
+    let rest = buf.strip_prefix(MAGIC.as_slice()).ok_or_else(bad)?;
+    let (&n, rest) = rest.split_first().ok_or_else(bad)?;
+    if rest.len() < n as usize {
+        return Err(bad());
+    }
+    let (version, ipc) = rest.split_at(n as usize);
+    let version = String::from_utf8_lossy(version);
+    if version != KESTREL_VERSION {
+        return Err(DataFusionError::External(Box::new(
+            EngineError::PlanVersion {
+                theirs: version.into_owned(),
+                ours: KESTREL_VERSION.into(),
+            },
+        )));
+    }
+    let reader = StreamReader::try_new(Cursor::new(ipc), None)?;
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+    MemTable::try_new(schema, vec![batches])
+}
+
+impl LogicalExtensionCodec for KestrelLogicalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[LogicalPlan],
+        ctx: &TaskContext,
+    ) -> Result<Extension> {
+        self.inner.try_decode(buf, inputs, ctx)
+    }
+
+    fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
+        self.inner.try_encode(node, buf)
+    }
+
+    fn try_decode_table_provider(
+        &self,
+        buf: &[u8],
+        table_ref: &TableReference,
+        schema: SchemaRef,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn TableProvider>> {
+        if buf.starts_with(MAGIC) {
+            return Ok(Arc::new(decode_mem(buf, schema)?));
+        }
+        self.inner
+            .try_decode_table_provider(buf, table_ref, schema, ctx)
+    }
+
+    fn try_encode_table_provider(
+        &self,
+        table_ref: &TableReference,
+        node: Arc<dyn TableProvider>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        if let Some(mem) = node.downcast_ref::<MemTable>() {
+            return encode_mem(mem, buf);
+        }
+        self.inner.try_encode_table_provider(table_ref, node, buf)
+    }
+
+    fn try_decode_file_format(
+        &self,
+        buf: &[u8],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn FileFormatFactory>> {
+        self.inner.try_decode_file_format(buf, ctx)
+    }
+
+    fn try_encode_file_format(
+        &self,
+        buf: &mut Vec<u8>,
+        node: Arc<dyn FileFormatFactory>,
+    ) -> Result<()> {
+        self.inner.try_encode_file_format(buf, node)
+    }
+
+    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
+        self.inner.try_decode_udf(name, buf)
+    }
+
+    fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
+        self.inner.try_encode_udf(node, buf)
+    }
+
+    fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
+        self.inner.try_decode_udaf(name, buf)
+    }
+
+    fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
+        self.inner.try_encode_udaf(node, buf)
+    }
+
+    fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
+        self.inner.try_decode_udwf(name, buf)
+    }
+
+    fn try_encode_udwf(&self, node: &WindowUDF, buf: &mut Vec<u8>) -> Result<()> {
+        self.inner.try_encode_udwf(node, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::StringArray;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    /// An in-memory table survives the round trip with its rows; one encoded by another
+    /// kestrel version is refused with both versions named.
+    #[tokio::test]
+    async fn memory_tables_round_trip_and_other_versions_are_refused() {
+        let schema = Arc::new(Schema::new(vec![Field::new("_key", DataType::Utf8, false)]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(StringArray::from(vec!["a", "b"]))],
+        )
+        .unwrap();
+        let mem: Arc<dyn TableProvider> =
+            Arc::new(MemTable::try_new(schema.clone(), vec![vec![b.clone()]]).unwrap());
+        let codec = KestrelLogicalCodec::default();
+        let mut buf = Vec::new();
+        let t = TableReference::bare("keys");
+        codec.try_encode_table_provider(&t, mem, &mut buf).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let task = ctx.task_ctx();
+        let back = codec
+            .try_decode_table_provider(&buf, &t, schema.clone(), &task)
+            .unwrap();
+        let back = back.downcast_ref::<MemTable>().unwrap();
+        let rows = back.batches[0].read().await.clone();
+        assert_eq!(rows, vec![b]);
+
+        let mut other = buf.clone();
+        let at = MAGIC.len() + 1;
+        other[at] = b'9';
+        let e = codec
+            .try_decode_table_provider(&other, &t, schema, &task)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(KESTREL_VERSION) && e.contains("kestrel 9"),
+            "{e}"
+        );
+    }
+}

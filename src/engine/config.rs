@@ -1,0 +1,150 @@
+//! `[engine]`: where reads and aggregates execute.
+//!
+//! ```toml
+//! [engine]
+//! kind = "ballista"                 # default "local": this process, no services
+//! scheduler = "df://10.0.0.5:50050" # required with kind = "ballista"
+//! fallback = "local"                # default "none": an unreachable scheduler fails the run
+//! ```
+
+use crate::error::{Error, Result};
+
+/// Which engine runs the operators' reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// DataFusion in this process (the embedded default).
+    #[default]
+    Local,
+    /// A Ballista cluster (`kestrel cluster scheduler|executor`).
+    Ballista,
+}
+
+/// What a run does when the cluster's scheduler cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// Fail the run: one line naming the scheduler, non-zero exit, nothing committed.
+    #[default]
+    None,
+    /// Run locally and say so.
+    Local,
+}
+
+/// The `[engine]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub kind: EngineKind,
+    /// `df://host:port` of the scheduler (with `kind = Ballista`).
+    pub scheduler: Option<String>,
+    pub fallback: Fallback,
+}
+
+impl EngineConfig {
+    /// Parse `[engine]` of config `file`.
+    pub fn parse(file: &str, t: &toml::Table) -> Result<Self> {
+        let mut cfg = EngineConfig::default();
+        for (key, value) in t {
+            let field = format!("engine.{key}");
+            let s = || {
+                value.as_str().ok_or_else(|| {
+                    Error::config(file, &field, format!("a string, got {}", value.type_str()))
+                })
+            };
+            match key.as_str() {
+                "kind" => {
+                    cfg.kind = match s()? {
+                        "local" => EngineKind::Local,
+                        "ballista" => EngineKind::Ballista,
+                        other => {
+                            return Err(Error::config(
+                                file,
+                                &field,
+                                format!("\"local\" or \"ballista\", got {other:?}"),
+                            ))
+                        }
+                    }
+                }
+                "scheduler" => {
+                    let url = s()?;
+                    scheduler_addr(url).map_err(|e| Error::config(file, &field, e))?;
+                    cfg.scheduler = Some(url.to_string());
+                }
+                "fallback" => {
+                    cfg.fallback = match s()? {
+                        "none" => Fallback::None,
+                        "local" => Fallback::Local,
+                        other => {
+                            return Err(Error::config(
+                                file,
+                                &field,
+                                format!("\"none\" or \"local\", got {other:?}"),
+                            ))
+                        }
+                    }
+                }
+                other => {
+                    return Err(Error::config(
+                        file,
+                        format!("engine.{other}"),
+                        "one of kind, scheduler, fallback",
+                    ))
+                }
+            }
+        }
+        if cfg.kind == EngineKind::Ballista && cfg.scheduler.is_none() {
+            return Err(Error::config(
+                file,
+                "engine.scheduler",
+                "the scheduler's URL, e.g. \"df://127.0.0.1:50050\" (required with kind = \"ballista\")",
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+/// `host:port` of a `df://host:port` scheduler URL (port 50050 when not given).
+pub fn scheduler_addr(url: &str) -> std::result::Result<(String, u16), String> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| format!("a URL such as \"df://127.0.0.1:50050\" ({e}), got {url:?}"))?;
+    if parsed.scheme() != "df" {
+        return Err(format!(
+            "a df://host:port URL, got scheme `{}` in {url:?}",
+            parsed.scheme()
+        ));
+    }
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("a df://host:port URL with a host, got {url:?}"))?;
+    Ok((host.to_string(), parsed.port().unwrap_or(50050)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<EngineConfig> {
+        let t: toml::Table = text.parse().unwrap();
+        EngineConfig::parse("k.toml", &t)
+    }
+
+    #[test]
+    fn engine_table_parses_and_names_file_and_field_on_error() {
+        assert_eq!(parse("").unwrap(), EngineConfig::default());
+        let c =
+            parse("kind = \"ballista\"\nscheduler = \"df://h:7\"\nfallback = \"local\"").unwrap();
+        assert_eq!(c.kind, EngineKind::Ballista);
+        assert_eq!(c.fallback, Fallback::Local);
+        assert_eq!(scheduler_addr("df://h:7").unwrap(), ("h".into(), 7));
+        assert_eq!(scheduler_addr("df://h").unwrap(), ("h".into(), 50050));
+        for (text, field) in [
+            ("kind = \"spark\"", "engine.kind"),
+            ("kind = \"ballista\"", "engine.scheduler"),
+            ("scheduler = \"http://h:1\"", "engine.scheduler"),
+            ("fallback = \"maybe\"", "engine.fallback"),
+            ("nodes = 3", "engine.nodes"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("k.toml: field `{field}`")), "{e}");
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Where kestrel's reads and aggregates execute: in this process (the embedded default)
+//! or on an Apache DataFusion Ballista cluster (`[engine] kind = "ballista"`).
+//!
+//! The coordinator — the `kestrel run` / `schedule` / `backfill` process — stays the
+//! only writer: plans, leases, MERGEs, the run log and every commit happen here, with the
+//! same exactly-once protocol. What moves to the cluster are the operators' reads: a
+//! [`port::ClusterPort`] registers each Delta table as the Parquet files of its current
+//! snapshot, so the scans, filters, joins and aggregates of a job batch (and of a
+//! backfill day) run on the executors, and only their results come back.
+//!
+//! - [`config`]: `[engine]` in `kestrel.toml`.
+//! - [`connect`]: checking the scheduler before a run (unreachable, wrong version,
+//!   `fallback = "local"`).
+//! - [`port`]: the read port whose sessions execute remotely.
+//! - [`codec`]: kestrel's plan codec (in-memory tables such as a keyed read's keys, and
+//!   the version check), registered on the client, the scheduler and the executors.
+//! - [`cluster`]: `kestrel cluster scheduler|executor`, Ballista's processes embedded.
+
+pub mod cluster;
+pub mod codec;
+pub mod config;
+pub mod connect;
+pub mod port;
+
+pub use config::{EngineConfig, EngineKind, Fallback};
+
+/// What can go wrong reaching or running on a cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The scheduler did not answer (down, wrong address, firewall).
+    #[error("ballista scheduler {url} is unreachable: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The scheduler runs another Ballista than this kestrel was built with: plans
+    /// would not decode, or decode differently.
+    #[error("ballista scheduler {url} runs ballista {theirs}; this kestrel is built with ballista {ours}: run the same kestrel version on the coordinator, scheduler and executors")]
+    VersionMismatch {
+        url: String,
+        theirs: String,
+        ours: String,
+    },
+    /// A plan from another kestrel version reached this process.
+    #[error("a plan encoded by kestrel {theirs} reached kestrel {ours}: run the same kestrel version on the coordinator, scheduler and executors")]
+    PlanVersion { theirs: String, ours: String },
+    /// A cluster process could not start.
+    #[error("{what}: {reason}")]
+    Process { what: String, reason: String },
+}
+
+/// The version every cluster process and every encoded plan carries.
+pub const KESTREL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The Ballista version this kestrel is built with.
+pub const BALLISTA_VERSION: &str = ballista_core::BALLISTA_VERSION;

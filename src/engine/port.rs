@@ -1,0 +1,238 @@
+//! The read port whose sessions execute on a Ballista cluster.
+//!
+//! Ballista cannot ship delta-rs's table provider (its scan has no codec), so a Delta
+//! table is registered as what its current snapshot says it is: the active Parquet
+//! files, one listing per partition, each with its partition values as typed literals
+//! (delta-rs does not write partition columns into the files), all of them one
+//! `UNION ALL` view. A filter on a partition column folds to `true`/`false` per branch,
+//! so a read of two event dates plans the files of those two dates only; filters on
+//! other columns prune row groups on the executors as they do locally.
+//!
+//! Files with deletion vectors, and tables with column mapping or type widening, cannot
+//! be read as plain Parquet: such a table is read in this process (one log line) and
+//! its rows join the remote plan as an in-memory table ([`super::codec`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{Field, Schema, SchemaRef};
+use async_trait::async_trait;
+use ballista_core::extension::{SessionConfigExt, SessionStateExt};
+use datafusion::catalog::TableProvider;
+use datafusion::common::ScalarValue;
+use datafusion::datasource::empty::EmptyTable;
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{col, lit, DataFrame, Expr, ParquetReadOptions, SessionContext};
+use deltalake::DeltaTable;
+
+use crate::error::{Error, Result};
+use crate::operator::port::ReadPort;
+use crate::sink::delta::{self, Warehouse};
+
+/// The warehouse's tables, read on the cluster behind `scheduler` (`http://host:port`).
+#[derive(Debug, Clone)]
+pub struct ClusterPort {
+    wh: Warehouse,
+    scheduler: String,
+}
+
+impl ClusterPort {
+    /// Reads of `wh`'s tables planned and run by the scheduler at `scheduler`
+    /// (`http://host:port`, see [`super::connect`]).
+    pub fn new(wh: Warehouse, scheduler: String) -> Self {
+        ClusterPort { wh, scheduler }
+    }
+
+    /// The scheduler's address.
+    pub fn scheduler(&self) -> &str {
+        &self.scheduler
+    }
+}
+
+/// One active file of a snapshot: its URL and its partition values, in the order of
+/// the table's partition columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveFile {
+    pub url: String,
+    pub partition: Vec<ScalarValue>,
+}
+
+/// What a cluster needs to read a Delta table: its schema, partition columns and
+/// active files; or why it cannot (read it locally instead).
+#[derive(Debug)]
+pub enum Listing {
+    Files {
+        schema: SchemaRef,
+        partition_columns: Vec<String>,
+        files: Vec<ActiveFile>,
+    },
+    Unsupported(String),
+}
+
+/// The active files of `table`'s current snapshot, with typed partition values, as
+/// URLs under `root` (the table's URL as other processes reach it: `file://` or
+/// `s3://`).
+pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
+    let url = table.table_url().to_string();
+    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
+    let features = snap.metadata().configuration();
+    if features
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| m != "none")
+    {
+        return Ok(Listing::Unsupported("column mapping".into()));
+    }
+    if let Some(reader) = snap.protocol().reader_features() {
+        for f in reader {
+            let name = f.to_string();
+            if name.contains("typeWidening") || name.contains("columnMapping") {
+                return Ok(Listing::Unsupported(name));
+            }
+        }
+    }
+    let schema = snap.snapshot().arrow_schema();
+    let partition_columns = snap.metadata().partition_columns().to_vec();
+    let types = partition_columns
+        .iter()
+        .map(|c| {
+            schema
+                .field_with_name(c)
+                .map(|f| f.data_type().clone())
+                .map_err(|e| Error::query(format!("partition column {c} of {url}"), e.into()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let root = root.as_str().trim_end_matches('/').to_string();
+    let mut files = Vec::new();
+    for f in snap.log_data().iter() {
+        if f.deletion_vector_descriptor().is_some() {
+            return Ok(Listing::Unsupported("deletion vectors".into()));
+        }
+        let values = f.partition_values_map();
+        let mut partition = Vec::with_capacity(types.len());
+        for (c, ty) in partition_columns.iter().zip(&types) {
+            let v = match values.get(c).cloned().flatten() {
+                Some(s) => ScalarValue::try_from_string(s, ty),
+                None => ScalarValue::try_from(ty),
+            }
+            .map_err(|e| Error::query(format!("partition value {c} of {url}"), e))?;
+            partition.push(v);
+        }
+        files.push(ActiveFile {
+            url: format!("{root}/{}", f.object_store_path()),
+            partition,
+        });
+    }
+    Ok(Listing::Files {
+        schema,
+        partition_columns,
+        files,
+    })
+}
+
+/// The table of `listing` as one plan in `ctx`: a listing of each partition's files
+/// with its values as literals, `UNION ALL`; an empty table when there are no files.
+pub async fn table_plan(
+    ctx: &SessionContext,
+    schema: &SchemaRef,
+    partition_columns: &[String],
+    files: Vec<ActiveFile>,
+    what: &str,
+) -> Result<Arc<dyn TableProvider>> {
+    let file_fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .filter(|f| !partition_columns.contains(f.name()))
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let file_schema = Schema::new(file_fields);
+    let mut groups: BTreeMap<String, (Vec<ScalarValue>, Vec<String>)> = BTreeMap::new();
+    for f in files {
+        let key = format!("{:?}", f.partition);
+        groups
+            .entry(key)
+            .or_insert_with(|| (f.partition.clone(), Vec::new()))
+            .1
+            .push(f.url);
+    }
+    let mut plan: Option<DataFrame> = None;
+    for (_, (values, urls)) in groups {
+        let opts = ParquetReadOptions::default().schema(&file_schema);
+        let df = ctx
+            .read_parquet(urls, opts)
+            .await
+            .map_err(|e| Error::query(what, e))?;
+        let exprs: Vec<Expr> = schema
+            .fields()
+            .iter()
+            .map(
+                |f| match partition_columns.iter().position(|c| c == f.name()) {
+                    Some(i) => lit(values[i].clone()).alias(f.name()),
+                    None => col(format!("\"{}\"", f.name())),
+                },
+            )
+            .collect();
+        let df = df.select(exprs).map_err(|e| Error::query(what, e))?;
+        plan = Some(match plan {
+            None => df,
+            Some(p) => p.union(df).map_err(|e| Error::query(what, e))?,
+        });
+    }
+    Ok(match plan {
+        Some(p) => p.into_view(),
+        None => Arc::new(EmptyTable::new(schema.clone())),
+    })
+}
+
+#[async_trait]
+impl ReadPort for ClusterPort {
+    async fn register(&self, ctx: &SessionContext, path: &str, alias: &str) -> Result<bool> {
+        let Some(table) = self.wh.open(path).await? else {
+            return Ok(false);
+        };
+        let root = self.wh.loc.child_url(path)?;
+        let what = format!("plan {path} for the cluster");
+        let provider = match listing(&table, &root)? {
+            Listing::Files {
+                schema,
+                partition_columns,
+                files,
+            } => table_plan(ctx, &schema, &partition_columns, files, &what).await?,
+            Listing::Unsupported(why) => {
+                tracing::warn!(
+                    table = path,
+                    feature = %why,
+                    "the cluster cannot read this table as Parquet; reading it in this process"
+                );
+                let local = delta::session_with(&table, "t").await?;
+                let df = local.table("t").await.map_err(|e| Error::query(&what, e))?;
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let rows = df.collect().await.map_err(|e| Error::query(&what, e))?;
+                Arc::new(MemTable::try_new(schema, vec![rows]).map_err(|e| Error::query(&what, e))?)
+            }
+        };
+        ctx.register_table(alias, provider)
+            .map_err(|e| Error::query(&what, e))?;
+        Ok(true)
+    }
+
+    /// A session configured as every kestrel read ([`delta::session_config`]) whose
+    /// plans the scheduler runs, with kestrel's codec.
+    fn session(&self) -> SessionContext {
+        let config = delta::session_config()
+            .upgrade_for_ballista()
+            .with_ballista_logical_extension_codec(super::codec::logical());
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .build();
+        match state.clone().upgrade_for_ballista(self.scheduler.clone()) {
+            Ok(s) => SessionContext::new_with_state(s),
+            Err(e) => {
+                // Only a malformed configuration fails here, and connect() checked it.
+                tracing::error!(error = %e, "cannot configure a cluster session; reading locally");
+                SessionContext::new_with_state(state)
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The cluster engine (`[engine] kind = "ballista"`): a scheduler and two executors
+//! started from the kestrel binary on free loopback ports run a replay's reads and
+//! aggregates, and every table equals a local run's; an unreachable scheduler fails
+//! the run with nothing committed, or with `fallback = "local"` runs it locally.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::common::*;
+use crate::compaction::{assert_same_tables, buckets, demo_files, land_all, tables, SKIP};
+
+/// A cluster process, killed when dropped.
+struct Process {
+    child: Child,
+    /// Its first line of output (the address it took).
+    first_line: String,
+    /// Lines of its log (stderr) containing [`Process::COUNTED`].
+    counted: Arc<AtomicUsize>,
+}
+
+impl Process {
+    /// What the scheduler logs for every plan it ran to the end.
+    const COUNTED: &'static str = "Job finished successfully";
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Process {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn,ballista_scheduler=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a cluster process");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first_line = lines.next().expect("a first line").expect("utf-8");
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let counted = Arc::new(AtomicUsize::new(0));
+    let stderr = child.stderr.take().expect("stderr");
+    let count = counted.clone();
+    // Its log, kept for a failed run.
+    let log = std::env::temp_dir().join(format!("kestrel-{}-{}.log", args[1], child.id()));
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut file = std::fs::File::create(log).ok();
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            if let Some(f) = file.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            if line.contains(Process::COUNTED) {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    Process {
+        child,
+        first_line,
+        counted,
+    }
+}
+
+/// A scheduler and two one-task executors.
+struct Cluster {
+    /// The scheduler's `df://` URL.
+    url: String,
+    scheduler: Process,
+    executors: Vec<Process>,
+}
+
+fn cluster() -> Cluster {
+    let scheduler = start(&["cluster", "scheduler", "--bind", "127.0.0.1:0"]);
+    let url = scheduler
+        .first_line
+        .split_whitespace()
+        .nth(1)
+        .expect("scheduler df://HOST:PORT …")
+        .to_string();
+    assert!(
+        url.starts_with("df://127.0.0.1:"),
+        "{}",
+        scheduler.first_line
+    );
+    let addr = url.trim_start_matches("df://").to_string();
+    let mut executors = Vec::new();
+    for _ in 0..2 {
+        let e = start(&[
+            "cluster",
+            "executor",
+            "--scheduler",
+            &addr,
+            "--bind",
+            "127.0.0.1:0",
+            "--concurrent-tasks",
+            "1",
+        ]);
+        assert!(
+            e.first_line.starts_with("executor 127.0.0.1:"),
+            "{}",
+            e.first_line
+        );
+        executors.push(e);
+    }
+    wait_ready(&addr);
+    Cluster {
+        url,
+        scheduler,
+        executors,
+    }
+}
+
+/// Until the scheduler's /readyz says an executor has registered (at most 60 s).
+fn wait_ready(addr: &str) {
+    use std::io::{Read, Write};
+    for _ in 0..600 {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let req = format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+            let mut answer = String::new();
+            if s.write_all(req.as_bytes()).is_ok()
+                && s.read_to_string(&mut answer).is_ok()
+                && answer.starts_with("HTTP/1.1 200")
+            {
+                return;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("no executor registered with the scheduler at {addr} within 60 s");
+}
+
+fn on_cluster(url: &str, fallback: &str) -> Env {
+    Env::with_config(&format!(
+        "[engine]\nkind = \"ballista\"\nscheduler = \"{url}\"\nfallback = \"{fallback}\"\n"
+    ))
+}
+
+/// A demo hour replayed in arrival buckets, `run` after each, then backfills over the
+/// hour's dates: on the cluster and locally, every bronze, quarantine, gold and late
+/// table and the run log are the same. One executor is killed (SIGKILL) while the second
+/// bucket's run is under way: that run either finishes on the other executor or fails
+/// with one line, and a rerun commits nothing twice.
+#[test]
+fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
+    let files = demo_files();
+    let mut c = cluster();
+    let local = Env::new();
+    let remote = on_cluster(&c.url, "none");
+    for (i, bucket) in buckets(&files).into_iter().enumerate() {
+        land_all(&local, &bucket);
+        land_all(&remote, &bucket);
+        local.run_ok(&["run"], 0);
+        if i != 1 {
+            remote.run_ok(&["run"], 0);
+            continue;
+        }
+        let run = remote
+            .command(&["run"], &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let mut killed = c.executors.remove(0);
+        killed.child.kill().unwrap();
+        killed.child.wait().unwrap();
+        let out = run.wait_with_output().unwrap();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err.lines().last().unwrap_or("");
+            assert!(last.starts_with("kestrel: "), "{err}");
+            remote.run_ok(&["run"], 0);
+        }
+    }
+    assert_same_tables(&local, &remote);
+    let ran = c.scheduler.counted.load(Ordering::Relaxed);
+    assert!(ran > 20, "the cluster ran the replay's reads ({ran} plans)");
+
+    let first = files.iter().map(|f| f.0).min().unwrap() - 86_400;
+    let last = files.iter().map(|f| f.0).max().unwrap();
+    let day = |s: i64| ts(s)[..10].to_string();
+    let (from, to) = (day(first), day(last));
+    for job in [
+        "revenue_5m",
+        "sessions",
+        "payment_reconciliation",
+        "stockout",
+    ] {
+        let args = ["backfill", "--job", job, "--from", &from, "--to", &to];
+        let a = local.run_ok(&args, 0);
+        let b = remote.run_ok(&args, 0);
+        assert_eq!(a, b, "{job}: the backfills report the same");
+    }
+    assert_same_tables(&local, &remote);
+    for t in tables() {
+        if t.starts_with("gold/") && !t.ends_with("stockout") {
+            assert!(
+                !local.snapshot(&t, &SKIP).is_empty(),
+                "{t}: the replay wrote rows"
+            );
+        }
+    }
+}
+
+/// Nothing listens at the scheduler's address: `run` fails with one line naming it and
+/// commits nothing; with `fallback = "local"` it runs here and says so.
+#[test]
+fn an_unreachable_scheduler_fails_the_run_or_falls_back_when_asked() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("df://{}", free.local_addr().unwrap());
+    drop(free);
+    let env = on_cluster(&url, "none");
+    env.land(
+        "orders/a.jsonl",
+        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
+        T0,
+    );
+    let err = env.fails_one_line(&["run"]);
+    assert!(
+        err.contains(&format!("ballista scheduler {url} is unreachable")),
+        "{err}"
+    );
+    assert!(
+        !env.warehouse().join("bronze").exists(),
+        "nothing committed"
+    );
+
+    let env = on_cluster(&url, "local");
+    env.land(
+        "orders/a.jsonl",
+        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
+        T0,
+    );
+    let out = env.kestrel(&["run"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("running locally"), "{stderr}");
+    assert_eq!(env.snapshot("bronze/orders", &["_ingested_at"]).len(), 1);
+}
