@@ -25,9 +25,12 @@ pub(crate) enum Role {
     },
 }
 
-pub(super) async fn cluster(role: Role) -> anyhow::Result<ExitCode> {
+/// `cfg`: the `--config` whose `[storage]` options the process opens the warehouse's
+/// object stores with.
+pub(super) async fn cluster(role: Role, cfg: Config) -> anyhow::Result<ExitCode> {
+    let storage = cfg.storage;
     match role {
-        Role::Scheduler { bind } => kestrel::engine::cluster::scheduler(&bind).await?,
+        Role::Scheduler { bind } => kestrel::engine::cluster::scheduler(&bind, storage).await?,
         Role::Executor {
             scheduler,
             bind,
@@ -36,7 +39,7 @@ pub(super) async fn cluster(role: Role) -> anyhow::Result<ExitCode> {
             if concurrent_tasks == Some(0) {
                 anyhow::bail!("--concurrent-tasks: expected a positive number of tasks");
             }
-            kestrel::engine::cluster::executor(&scheduler, &bind, concurrent_tasks).await?
+            kestrel::engine::cluster::executor(&scheduler, &bind, concurrent_tasks, storage).await?
         }
     }
     Ok(ExitCode::SUCCESS)

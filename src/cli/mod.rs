@@ -237,7 +237,7 @@ pub(crate) async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => maintain::maintain(cfg, retention, no_compact, no_vacuum, json).await,
         Cmd::Stream(args) => stream::stream(cfg, args).await,
-        Cmd::Cluster { role } => cluster::cluster(role).await,
+        Cmd::Cluster { role } => cluster::cluster(role, cfg).await,
     }
 }
 

@@ -4,8 +4,12 @@
 //!
 //! Port 0 asks for a free port; the address taken is the first line of output.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::sync::Arc;
+
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionStateBuilder;
 
 use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
 use ballista_scheduler::cluster::BallistaCluster;
@@ -32,9 +36,10 @@ fn parse_bind(what: &str, bind: &str) -> std::result::Result<SocketAddr, EngineE
         })
 }
 
-/// Run a scheduler on `bind` (`HOST:PORT`) until the process is stopped. Prints
+/// Run a scheduler on `bind` (`HOST:PORT`) until the process is stopped, opening the
+/// warehouse's object stores with `storage` ([`super::stores`]). Prints
 /// `scheduler df://HOST:PORT …` first.
-pub async fn scheduler(bind: &str) -> Result<()> {
+pub async fn scheduler(bind: &str, storage: BTreeMap<String, String>) -> Result<()> {
     let addr = parse_bind("scheduler", bind)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -53,6 +58,17 @@ pub async fn scheduler(bind: &str) -> Result<()> {
     config.executor_timeout_seconds = EXECUTOR_TIMEOUT_S;
     config.expire_dead_executor_interval_seconds = 5;
     config.no_executors_grace_period_seconds = EXECUTOR_TIMEOUT_S;
+    // It lists and reads file footers while planning: with the warehouse's stores.
+    let stores = Arc::new(super::stores::WarehouseStores::new(storage));
+    config.override_session_builder = Some(Arc::new(move |session_config| {
+        let state = ballista_core::utils::default_session_builder(session_config)?;
+        let runtime = RuntimeEnvBuilder::new()
+            .with_object_store_registry(stores.clone())
+            .build()?;
+        Ok(SessionStateBuilder::new_from_existing(state)
+            .with_runtime_env(Arc::new(runtime))
+            .build())
+    }));
     let cluster = BallistaCluster::new_from_config(&config)
         .await
         .map_err(|e| process_error("scheduler")(e.to_string()))?;
@@ -75,9 +91,14 @@ fn free_port(ip: std::net::IpAddr) -> std::result::Result<u16, EngineError> {
 
 /// Run an executor on `bind` (`HOST:PORT`, its Arrow Flight port; its task port is the
 /// next free one) for the scheduler at `scheduler` (`HOST:PORT` or `df://HOST:PORT`),
-/// running up to `concurrent_tasks` tasks at once (default: one per core). Prints
-/// `executor HOST:PORT …` first.
-pub async fn executor(scheduler: &str, bind: &str, concurrent_tasks: Option<usize>) -> Result<()> {
+/// running up to `concurrent_tasks` tasks at once (default: one per core), reading the
+/// warehouse with `storage` ([`super::stores`]). Prints `executor HOST:PORT …` first.
+pub async fn executor(
+    scheduler: &str,
+    bind: &str,
+    concurrent_tasks: Option<usize>,
+    storage: BTreeMap<String, String>,
+) -> Result<()> {
     let url = if scheduler.contains("://") {
         scheduler.to_string()
     } else {
@@ -96,7 +117,23 @@ pub async fn executor(scheduler: &str, bind: &str, concurrent_tasks: Option<usiz
         "executor {}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})",
         addr.ip()
     );
+    // Shuffle files and spills.
+    let work_dir = std::env::temp_dir().join(format!("kestrel-executor-{port}"));
+    std::fs::create_dir_all(&work_dir).map_err(|e| {
+        process_error(format!("executor: create {}", work_dir.display()))(e.to_string())
+    })?;
+    let stores = Arc::new(super::stores::WarehouseStores::new(storage));
+    let spill_dir = work_dir.clone();
     let config = ExecutorProcessConfig {
+        work_dir: Some(work_dir.to_string_lossy().into_owned()),
+        override_runtime_producer: Some(Arc::new(move |_| {
+            Ok(Arc::new(
+                RuntimeEnvBuilder::new()
+                    .with_temp_file_path(spill_dir.clone())
+                    .with_object_store_registry(stores.clone())
+                    .build()?,
+            ))
+        })),
         bind_host: addr.ip().to_string(),
         external_host: Some(addr.ip().to_string()),
         port,

@@ -15,12 +15,14 @@
 //! - [`codec`]: kestrel's plan codec (in-memory tables such as a keyed read's keys, and
 //!   the version check), registered on the client, the scheduler and the executors.
 //! - [`cluster`]: `kestrel cluster scheduler|executor`, Ballista's processes embedded.
+//! - [`stores`]: the object stores a cluster process reads the warehouse with.
 
 pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod connect;
 pub mod port;
+pub mod stores;
 
 pub use config::{EngineConfig, EngineKind, Fallback};
 

@@ -32,7 +32,7 @@ impl Drop for Process {
     }
 }
 
-fn start(args: &[&str]) -> Process {
+fn start(args: &[String]) -> Process {
     let mut child = Command::new(BIN)
         .args(args)
         .env("RUST_LOG", "warn,ballista_scheduler=info")
@@ -49,7 +49,9 @@ fn start(args: &[&str]) -> Process {
     let stderr = child.stderr.take().expect("stderr");
     let count = counted.clone();
     // Its log, kept for a failed run.
-    let log = std::env::temp_dir().join(format!("kestrel-{}-{}.log", args[1], child.id()));
+    let role = args.iter().skip_while(|a| *a != "cluster").nth(1);
+    let role = role.map_or("cluster", |r| r.as_str());
+    let log = std::env::temp_dir().join(format!("kestrel-{role}-{}.log", child.id()));
     std::thread::spawn(move || {
         use std::io::Write;
         let mut file = std::fs::File::create(log).ok();
@@ -78,7 +80,15 @@ struct Cluster {
 }
 
 fn cluster() -> Cluster {
-    let scheduler = start(&["cluster", "scheduler", "--bind", "127.0.0.1:0"]);
+    cluster_with(&[])
+}
+
+/// The same, every process started with `global` arguments first (e.g. `--config`).
+fn cluster_with(global: &[&str]) -> Cluster {
+    let with = |args: &[&str]| -> Vec<String> {
+        global.iter().chain(args).map(|s| s.to_string()).collect()
+    };
+    let scheduler = start(&with(&["cluster", "scheduler", "--bind", "127.0.0.1:0"]));
     let url = scheduler
         .first_line
         .split_whitespace()
@@ -93,7 +103,7 @@ fn cluster() -> Cluster {
     let addr = url.trim_start_matches("df://").to_string();
     let mut executors = Vec::new();
     for _ in 0..2 {
-        let e = start(&[
+        let e = start(&with(&[
             "cluster",
             "executor",
             "--scheduler",
@@ -102,7 +112,7 @@ fn cluster() -> Cluster {
             "127.0.0.1:0",
             "--concurrent-tasks",
             "1",
-        ]);
+        ]));
         assert!(
             e.first_line.starts_with("executor 127.0.0.1:"),
             "{}",
@@ -244,4 +254,70 @@ fn an_unreachable_scheduler_fails_the_run_or_falls_back_when_asked() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("running locally"), "{stderr}");
     assert_eq!(env.snapshot("bronze/orders", &["_ingested_at"]).len(), 1);
+}
+
+/// On S3 (the moto server the S3 test starts): landing and warehouse on `s3://`, the
+/// cluster processes started with the `[storage]` options of their `--config`. Ingestion
+/// and the jobs over orders give the same tables as a local run on another prefix, and
+/// the scheduler ran their reads.
+#[test]
+fn on_s3_the_cluster_gives_the_tables_of_a_local_run() {
+    use kestrel::sink::delta::Warehouse;
+    use kestrel::storage::Location;
+    let Some(moto) = crate::s3::start_moto() else {
+        return;
+    };
+    let opts = crate::s3::options(&moto.endpoint);
+    let mut storage = String::from("[storage]\n");
+    for (k, v) in &opts {
+        storage.push_str(&format!("{k} = \"{v}\"\n"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster_toml = dir.path().join("cluster.toml");
+    std::fs::write(&cluster_toml, &storage).unwrap();
+    let c = cluster_with(&["--config", cluster_toml.to_str().unwrap()]);
+
+    let env = |name: &str, engine: &str| {
+        let e = Env::new();
+        let cfg = format!(
+            "landing = \"s3://landing/{name}\"\nwarehouse = \"s3://lake/{name}\"\n{storage}{engine}"
+        );
+        std::fs::write(e.path().join("kestrel.toml"), cfg).unwrap();
+        e
+    };
+    let local = env("local", "");
+    let remote = env(
+        "remote",
+        &format!("[engine]\nkind = \"ballista\"\nscheduler = \"{}\"\n", c.url),
+    );
+    rt().block_on(async {
+        for name in ["local", "remote"] {
+            let landing = Location::open(&format!("s3://landing/{name}"), &opts, false).unwrap();
+            for (file, body, _) in crate::ingest::fixture_files() {
+                landing.put(&file, body).await.unwrap();
+            }
+        }
+    });
+    let before = c.scheduler.counted.load(Ordering::Relaxed);
+    local.run_ok(&["run"], 0);
+    remote.run_ok(&["run"], 0);
+    let ran = c.scheduler.counted.load(Ordering::Relaxed) - before;
+    assert!(ran > 5, "the cluster ran the jobs' reads ({ran} plans)");
+
+    let wh = |name: &str| {
+        Warehouse::new(Location::open(&format!("s3://lake/{name}"), &opts, false).unwrap())
+    };
+    let (a, b) = (wh("local"), wh("remote"));
+    for t in [
+        "bronze/orders",
+        "quarantine/orders",
+        "gold/revenue_5m",
+        "gold/revenue_1h",
+        "gold/payment_reconciliation",
+        "gold/payments_fast",
+    ] {
+        let x = snapshot_of(&a, t, &SKIP);
+        assert!(!x.is_empty() || t.ends_with("payments_fast"), "{t}");
+        assert_eq!(x, snapshot_of(&b, t, &SKIP), "{t}");
+    }
 }
