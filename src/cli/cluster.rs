@@ -22,6 +22,10 @@ pub(crate) enum Role {
         /// Tasks run at once (default: one per core).
         #[arg(long)]
         concurrent_tasks: Option<usize>,
+        /// The host name the scheduler reaches this executor at (default: the --bind
+        /// address; set it when binding 0.0.0.0, e.g. in a container).
+        #[arg(long)]
+        external_host: Option<String>,
     },
 }
 
@@ -35,11 +39,18 @@ pub(super) async fn cluster(role: Role, cfg: Config) -> anyhow::Result<ExitCode>
             scheduler,
             bind,
             concurrent_tasks,
+            external_host,
         } => {
             if concurrent_tasks == Some(0) {
                 anyhow::bail!("--concurrent-tasks: expected a positive number of tasks");
             }
-            kestrel::engine::cluster::executor(&scheduler, &bind, concurrent_tasks, storage).await?
+            let opts = kestrel::engine::cluster::ExecutorOptions {
+                scheduler,
+                bind,
+                concurrent_tasks,
+                external_host,
+            };
+            kestrel::engine::cluster::executor(opts, storage).await?
         }
     }
     Ok(ExitCode::SUCCESS)

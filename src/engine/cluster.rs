@@ -89,24 +89,37 @@ fn free_port(ip: std::net::IpAddr) -> std::result::Result<u16, EngineError> {
         .map_err(|e| process_error(format!("executor: find a free port on {ip}"))(e.to_string()))
 }
 
-/// Run an executor on `bind` (`HOST:PORT`, its Arrow Flight port; its task port is the
-/// next free one) for the scheduler at `scheduler` (`HOST:PORT` or `df://HOST:PORT`),
-/// running up to `concurrent_tasks` tasks at once (default: one per core), reading the
-/// warehouse with `storage` ([`super::stores`]). Prints `executor HOST:PORT …` first.
-pub async fn executor(
-    scheduler: &str,
-    bind: &str,
-    concurrent_tasks: Option<usize>,
-    storage: BTreeMap<String, String>,
-) -> Result<()> {
+/// How an executor runs (`kestrel cluster executor`).
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// The scheduler, `HOST:PORT` or `df://HOST:PORT`.
+    pub scheduler: String,
+    /// `HOST:PORT` of its Arrow Flight port (its task port is the next free one).
+    pub bind: String,
+    /// Tasks at once (default: one per core).
+    pub concurrent_tasks: Option<usize>,
+    /// The name the scheduler reaches it at (default: the bind address).
+    pub external_host: Option<String>,
+}
+
+/// Run an executor as `opts` say, reading the warehouse with `storage`
+/// ([`super::stores`]). Prints `executor HOST:PORT …` first.
+pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) -> Result<()> {
+    let ExecutorOptions {
+        scheduler,
+        bind,
+        concurrent_tasks,
+        external_host,
+    } = opts;
     let url = if scheduler.contains("://") {
-        scheduler.to_string()
+        scheduler.clone()
     } else {
         format!("df://{scheduler}")
     };
     let (scheduler_host, scheduler_port) =
         super::config::scheduler_addr(&url).map_err(process_error("executor --scheduler"))?;
-    let addr = parse_bind("executor", bind)?;
+    let addr = parse_bind("executor", &bind)?;
+    let external_host = external_host.unwrap_or_else(|| addr.ip().to_string());
     let port = match addr.port() {
         0 => free_port(addr.ip())?,
         p => p,
@@ -114,8 +127,7 @@ pub async fn executor(
     let grpc_port = free_port(addr.ip())?;
     let vcores = concurrent_tasks.unwrap_or_else(crate::config::default_parallel_jobs);
     println!(
-        "executor {}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})",
-        addr.ip()
+        "executor {external_host}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})"
     );
     // Shuffle files and spills.
     let work_dir = std::env::temp_dir().join(format!("kestrel-executor-{port}"));
@@ -135,7 +147,7 @@ pub async fn executor(
             ))
         })),
         bind_host: addr.ip().to_string(),
-        external_host: Some(addr.ip().to_string()),
+        external_host: Some(external_host),
         port,
         grpc_port,
         scheduler_host,
