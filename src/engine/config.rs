@@ -51,17 +51,11 @@ impl EngineConfig {
             };
             match key.as_str() {
                 "kind" => {
-                    cfg.kind = match s()? {
-                        "local" => EngineKind::Local,
-                        "ballista" => EngineKind::Ballista,
-                        other => {
-                            return Err(Error::config(
-                                file,
-                                &field,
-                                format!("\"local\" or \"ballista\", got {other:?}"),
-                            ))
-                        }
-                    }
+                    let kinds = [
+                        ("local", EngineKind::Local),
+                        ("ballista", EngineKind::Ballista),
+                    ];
+                    cfg.kind = one_of(file, &field, s()?, &kinds)?;
                 }
                 "scheduler" => {
                     let url = s()?;
@@ -69,17 +63,8 @@ impl EngineConfig {
                     cfg.scheduler = Some(url.to_string());
                 }
                 "fallback" => {
-                    cfg.fallback = match s()? {
-                        "none" => Fallback::None,
-                        "local" => Fallback::Local,
-                        other => {
-                            return Err(Error::config(
-                                file,
-                                &field,
-                                format!("\"none\" or \"local\", got {other:?}"),
-                            ))
-                        }
-                    }
+                    let fallbacks = [("none", Fallback::None), ("local", Fallback::Local)];
+                    cfg.fallback = one_of(file, &field, s()?, &fallbacks)?;
                 }
                 other => {
                     return Err(Error::config(
@@ -98,6 +83,21 @@ impl EngineConfig {
             ));
         }
         Ok(cfg)
+    }
+}
+
+/// The value `options` names `given`, or an error listing them.
+fn one_of<T: Copy>(file: &str, field: &str, given: &str, options: &[(&str, T)]) -> Result<T> {
+    match options.iter().find(|(name, _)| *name == given) {
+        Some((_, v)) => Ok(*v),
+        None => {
+            let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+            Err(Error::config(
+                file,
+                field,
+                format!("{}, got {given:?}", names.join(" or ")),
+            ))
+        }
     }
 }
 

@@ -227,12 +227,13 @@ fn an_unreachable_scheduler_fails_the_run_or_falls_back_when_asked() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("df://{}", free.local_addr().unwrap());
     drop(free);
-    let env = on_cluster(&url, "none");
-    env.land(
-        "orders/a.jsonl",
-        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
-        T0,
-    );
+    let with_an_order = |fallback: &str| {
+        let env = on_cluster(&url, fallback);
+        let order = lines(&[order("e1", T0, "o1", "s1", 1, 100)]);
+        env.land("orders/a.jsonl", &order, T0);
+        env
+    };
+    let env = with_an_order("none");
     let err = env.fails_one_line(&["run"]);
     assert!(
         err.contains(&format!("ballista scheduler {url} is unreachable")),
@@ -243,12 +244,7 @@ fn an_unreachable_scheduler_fails_the_run_or_falls_back_when_asked() {
         "nothing committed"
     );
 
-    let env = on_cluster(&url, "local");
-    env.land(
-        "orders/a.jsonl",
-        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
-        T0,
-    );
+    let env = with_an_order("local");
     let out = env.kestrel(&["run"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
