@@ -102,7 +102,6 @@ pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
                 .map_err(|e| Error::query(format!("partition column {c} of {url}"), e.into()))
         })
         .collect::<Result<Vec<_>>>()?;
-    let root = root.as_str().trim_end_matches('/').to_string();
     let mut files = Vec::new();
     for f in snap.log_data().iter() {
         if f.deletion_vector_descriptor().is_some() {
@@ -119,7 +118,7 @@ pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
             partition.push(v);
         }
         files.push(ActiveFile {
-            url: format!("{root}/{}", f.object_store_path()),
+            url: file_url(root, &f.object_store_path())?,
             partition,
         });
     }
@@ -128,6 +127,26 @@ pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
         partition_columns,
         files,
     })
+}
+
+/// The URL of the file at `path` under the table at `root` that names the same object
+/// again when DataFusion turns it back into a path: each part of `path` is taken as
+/// object_store holds it (a partition value's `:` is `%3A` there) and percent-encoded as
+/// a URL path segment (that `%` becomes `%25`). Pasting the path's text into the URL
+/// would name another object, which a listing reads as an empty partition, silently.
+fn file_url(root: &url::Url, path: &object_store::path::Path) -> Result<String> {
+    let mut url = root.clone();
+    {
+        let mut segments = url.path_segments_mut().map_err(|_| Error::Location {
+            url: root.to_string(),
+            reason: "not a hierarchical URL".into(),
+        })?;
+        segments.pop_if_empty();
+        for part in path.parts() {
+            segments.push(part.as_ref());
+        }
+    }
+    Ok(url.to_string())
 }
 
 /// The table of `listing` as one plan in `ctx`: a listing of each partition's files
@@ -234,5 +253,94 @@ impl ReadPort for ClusterPort {
                 SessionContext::new_with_state(state)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Location;
+    use arrow::array::{Date32Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, TimeUnit};
+
+    async fn rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
+        let b = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&b).unwrap();
+        text.to_string().lines().map(str::to_string).collect()
+    }
+
+    /// A Delta table registered as its snapshot's files (what the cluster reads) holds
+    /// the rows the Delta provider reads: typed date and timestamp partition values and
+    /// a null partition; a partition filter reads the same; a table without files is an
+    /// empty table of its schema.
+    #[tokio::test]
+    async fn a_snapshot_as_parquet_listings_reads_like_the_delta_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
+        let wh = Warehouse::new(loc);
+        let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("event_date", DataType::Date32, false),
+            Field::new("hour", ts, true),
+        ]));
+        let parts = ["event_date", "hour"];
+        let mut t = wh.open_or_create("t", &schema, &parts).await.unwrap();
+        let hour = 20_000i64 * 86_400_000_000 + 3_600_000_000;
+        for v in 0..3i64 {
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(vec![v, v + 10, v + 20])),
+                    Arc::new(Date32Array::from(vec![20_000, 20_000 + v as i32, 20_001])),
+                    Arc::new(
+                        TimestampMicrosecondArray::from(vec![Some(hour), None, Some(hour)])
+                            .with_timezone("UTC"),
+                    ),
+                ],
+            )
+            .unwrap();
+            t = delta::append(t, vec![b], &parts, "w", v + 1).await.unwrap();
+        }
+        let delta_ctx = delta::session_with(&t, "t").await.unwrap();
+        let root = wh.loc.child_url("t").unwrap();
+        let Listing::Files {
+            schema: s,
+            partition_columns,
+            files,
+        } = listing(&t, &root).unwrap()
+        else {
+            panic!("a plain Delta table is listed");
+        };
+        assert_eq!(partition_columns, ["event_date", "hour"]);
+        assert!(
+            files.iter().all(|f| f.url.starts_with("file://")),
+            "{files:?}"
+        );
+        let ctx = SessionContext::new();
+        let plan = table_plan(&ctx, &s, &partition_columns, files, "t")
+            .await
+            .unwrap();
+        ctx.register_table("t", plan).unwrap();
+        for sql in [
+            "SELECT n, event_date, hour FROM t ORDER BY n",
+            "SELECT n, hour FROM t WHERE event_date = DATE '2024-10-04' ORDER BY n",
+            "SELECT count(*) FROM t WHERE hour IS NULL",
+        ] {
+            let got = rows(&ctx, sql).await;
+            assert!(got.len() > 4, "{sql}: {got:?}");
+            assert_eq!(got, rows(&delta_ctx, sql).await, "{sql}");
+        }
+
+        let empty = wh.open_or_create("e", &schema, &parts).await.unwrap();
+        let Listing::Files { schema, files, .. } = listing(&empty, &root).unwrap() else {
+            panic!("listed");
+        };
+        assert!(files.is_empty());
+        let plan = table_plan(&ctx, &schema, &partition_columns, files, "e")
+            .await
+            .unwrap();
+        ctx.register_table("e", plan).unwrap();
+        assert_eq!(rows(&ctx, "SELECT count(*) AS n FROM e").await[3], "| 0 |");
     }
 }
