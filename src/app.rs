@@ -25,6 +25,8 @@ pub struct App {
     pub runner: JobRunner,
     /// Jobs a `run` runs at once (`parallel_jobs`).
     pub parallel_jobs: usize,
+    /// Where the jobs' reads run (`[engine]`): see [`App::with_engine`].
+    engine: crate::engine::EngineConfig,
 }
 
 /// What one `run` did: per source and per job, and what failed (a failed source does
@@ -71,12 +73,8 @@ impl App {
         let stop = ingest.stop.clone();
         let engine = cfg.engine.clone();
         let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?;
-        // Checked before anything is read or committed: an unreachable scheduler fails
-        // the run with nothing done (unless `[engine] fallback = "local"`).
-        let cluster = crate::engine::connect::read_port(&engine, ingestor.warehouse()).await?;
         let mut runner = JobRunner::new(ingestor.warehouse().clone(), schemas.clone(), lease_ttl)
-            .with_open_compaction(open)
-            .with_cluster(cluster);
+            .with_open_compaction(open);
         if let Some(stop) = stop {
             runner = runner.with_stop(stop);
         }
@@ -86,7 +84,19 @@ impl App {
             ingestor,
             runner,
             parallel_jobs,
+            engine,
         })
+    }
+
+    /// Run the jobs' reads where `[engine]` says, for the commands that run jobs (`run`,
+    /// `schedule`, `backfill`, `stream`; `status` and `maintain` read nothing through it
+    /// and work with the cluster down). Checked before anything is read or committed: an
+    /// unreachable scheduler fails the command with nothing done, unless
+    /// `[engine] fallback = "local"`.
+    pub async fn with_engine(mut self) -> Result<Self> {
+        let cluster = crate::engine::connect::read_port(&self.engine, self.warehouse()).await?;
+        self.runner = self.runner.with_cluster(cluster);
+        Ok(self)
     }
 
     /// Stamp everything this app writes with `clock`'s processing time.

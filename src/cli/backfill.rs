@@ -19,7 +19,7 @@ pub(super) async fn backfill(
         full_scan: reingest,
         stop: Some(stop.clone()),
     };
-    let app = App::load(cfg, ingest).await?;
+    let app = App::load(cfg, ingest).await?.with_engine().await?;
     let spec = app.job(&job)?.clone();
     if reingest {
         // Files never ingested land in bronze, and the job consumes them (too-late rows

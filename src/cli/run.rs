@@ -13,7 +13,7 @@ pub(super) async fn run(
         full_scan,
         ..Default::default()
     };
-    let app = App::load(cfg, opts).await?;
+    let app = App::load(cfg, opts).await?.with_engine().await?;
     let out = app.run(&only, &only_jobs).await?;
     for (source, job, owner) in &out.left_to_streams {
         println!("{source}: left to the running stream of {job} ({owner})");

@@ -25,7 +25,7 @@ pub(super) async fn schedule(
         stop: Some(stop.clone()),
         ..Default::default()
     };
-    let app = App::load(cfg, ingest).await?;
+    let app = App::load(cfg, ingest).await?.with_engine().await?;
     let jobs = app.jobs.into_values().collect();
     let daemon = Daemon::new(app.ingestor, app.runner, jobs, opts, stop, |e| {
         let ts = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");

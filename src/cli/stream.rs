@@ -60,7 +60,10 @@ pub(super) async fn stream(cfg: Config, args: StreamArgs) -> anyhow::Result<Exit
             kestrel::ops::maintain::MaintainOptions::from_config(&cfg),
         )
     });
-    let app = App::load(cfg, IngestOptions::default()).await?;
+    let app = App::load(cfg, IngestOptions::default())
+        .await?
+        .with_engine()
+        .await?;
     let spec = app.job(&job)?.clone();
     anyhow::ensure!(
         spec.can_stream(),
