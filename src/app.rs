@@ -95,6 +95,7 @@ impl App {
     /// `[engine] fallback = "local"`.
     pub async fn with_engine(mut self) -> Result<Self> {
         let cluster = crate::engine::connect::read_port(&self.engine, self.warehouse()).await?;
+        self.ingestor = self.ingestor.with_cluster(cluster.clone().map(Arc::new));
         self.runner = self.runner.with_cluster(cluster);
         Ok(self)
     }

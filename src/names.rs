@@ -64,6 +64,12 @@ pub mod key {
         format!("{}{batch_id:020}.json", ingest_plans(source))
     }
 
+    /// Prefix of what the tasks of one distributed ingestion of `batch_id` leave for
+    /// each other (`stage` names the attempt; see [`crate::engine::ingest`]).
+    pub fn ingest_stage(source: &str, batch_id: i64, stage: &str) -> String {
+        format!("_kestrel/stage/ingest/{source}/{batch_id:020}-{stage}/")
+    }
+
     /// Prefix of a job's batch plans and results.
     pub fn job_plans(job: &str) -> String {
         format!("_kestrel/plans/job/{job}/")

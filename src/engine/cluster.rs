@@ -53,12 +53,14 @@ pub async fn scheduler(bind: &str, storage: BTreeMap<String, String>) -> Result<
         .with_port(addr.port());
     config.bind_host = addr.ip().to_string();
     config.override_logical_codec = Some(codec::logical());
+    config.override_physical_codec = Some(codec::physical());
     // Executors heartbeat every 5 s (see `executor`): one silent for 20 s is gone, and
     // the tasks it was running are handed to the others (Ballista's default waits 3 min).
     config.executor_timeout_seconds = EXECUTOR_TIMEOUT_S;
     config.expire_dead_executor_interval_seconds = 5;
     config.no_executors_grace_period_seconds = EXECUTOR_TIMEOUT_S;
     // It lists and reads file footers while planning: with the warehouse's stores.
+    super::stores::set_process_options(storage.clone());
     let stores = Arc::new(super::stores::WarehouseStores::new(storage));
     config.override_session_builder = Some(Arc::new(move |session_config| {
         let state = ballista_core::utils::default_session_builder(session_config)?;
@@ -134,6 +136,7 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
     std::fs::create_dir_all(&work_dir).map_err(|e| {
         process_error(format!("executor: create {}", work_dir.display()))(e.to_string())
     })?;
+    super::stores::set_process_options(storage.clone());
     let stores = Arc::new(super::stores::WarehouseStores::new(storage));
     let spill_dir = work_dir.clone();
     let config = ExecutorProcessConfig {
@@ -159,6 +162,7 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
         // A lost executor is noticed within seconds, not a minute.
         executor_heartbeat_interval_seconds: 5,
         override_logical_codec: Some(codec::logical()),
+        override_physical_codec: Some(codec::physical()),
         ..Default::default()
     };
     start_executor_process(Arc::new(config))

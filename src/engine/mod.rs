@@ -16,11 +16,13 @@
 //!   the version check), registered on the client, the scheduler and the executors.
 //! - [`cluster`]: `kestrel cluster scheduler|executor`, Ballista's processes embedded.
 //! - [`stores`]: the object stores a cluster process reads the warehouse with.
+//! - [`ingest`]: a batch's decode, dedup and bronze write as a distributed stage.
 
 pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod connect;
+pub mod ingest;
 pub mod port;
 pub mod stores;
 
@@ -43,6 +45,9 @@ pub enum EngineError {
     /// A plan from another kestrel version reached this process.
     #[error("a plan encoded by kestrel {theirs} reached kestrel {ours}: run the same kestrel version on the coordinator, scheduler and executors")]
     PlanVersion { theirs: String, ours: String },
+    /// A distributed stage returned what kestrel cannot use, or lacks what it needs.
+    #[error("{what}: {reason}")]
+    Stage { what: String, reason: String },
     /// A cluster process could not start.
     #[error("{what}: {reason}")]
     Process { what: String, reason: String },

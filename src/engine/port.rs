@@ -240,7 +240,8 @@ impl ReadPort for ClusterPort {
     fn session(&self) -> SessionContext {
         let config = delta::session_config()
             .upgrade_for_ballista()
-            .with_ballista_logical_extension_codec(super::codec::logical());
+            .with_ballista_logical_extension_codec(super::codec::logical())
+            .with_ballista_physical_extension_codec(super::codec::physical());
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()

@@ -14,6 +14,21 @@ use url::Url;
 
 use crate::storage::Location;
 
+static PROCESS_OPTIONS: std::sync::OnceLock<BTreeMap<String, String>> = std::sync::OnceLock::new();
+
+/// Remember the `[storage]` options this cluster process was started with (its
+/// `--config`): the stores its tasks open themselves (landing files, Delta tables) use
+/// them, since credentials never travel in plans. Set once, at start.
+pub fn set_process_options(options: BTreeMap<String, String>) {
+    let _ = PROCESS_OPTIONS.set(options);
+}
+
+/// The options [`set_process_options`] remembered (none in a process that did not set
+/// them: local files and `AWS_*` only).
+pub fn process_options() -> BTreeMap<String, String> {
+    PROCESS_OPTIONS.get().cloned().unwrap_or_default()
+}
+
 /// Object stores by bucket, S3 ones created on demand.
 #[derive(Debug)]
 pub struct WarehouseStores {

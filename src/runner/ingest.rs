@@ -114,6 +114,8 @@ pub struct Ingestor {
     /// deduplicates against bronze).
     cache: std::sync::Mutex<BTreeMap<String, DedupSet>>,
     clock: Clock,
+    /// Where batches are decoded and written when not in this process (`[engine]`).
+    cluster: Option<Arc<crate::engine::port::ClusterPort>>,
 }
 
 impl Ingestor {
@@ -149,6 +151,7 @@ impl Ingestor {
             opts,
             cache: std::sync::Mutex::new(BTreeMap::new()),
             clock: Clock::system(),
+            cluster: None,
         })
     }
 
@@ -156,6 +159,14 @@ impl Ingestor {
     /// ledger and run-log times; the system clock by default).
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Decode, deduplicate and write each batch's bronze files on the cluster behind
+    /// `port` ([`crate::engine::ingest`]); this process still plans and commits. A
+    /// source whose dedup set is kept in memory (the always-on stream) stays local.
+    pub fn with_cluster(mut self, port: Option<Arc<crate::engine::port::ClusterPort>>) -> Self {
+        self.cluster = port;
         self
     }
 
@@ -543,9 +554,45 @@ impl Ingestor {
         let ingested_at = self.now_us();
         let app = names::app::ingest(source);
 
+        let bronze = self
+            .wh
+            .open_or_create(&names::table::bronze(source), &schema.bronze, &[EVENT_DATE])
+            .await?;
+        let bronze_done = delta::holds(&bronze, &app, n).await?;
+        let keeps_set = self
+            .cache
+            .lock()
+            .map_err(|_| Error::Poisoned("the dedup set cache"))?
+            .contains_key(source);
+        // On a cluster (unless the stream keeps this source's dedup set here): decode,
+        // dedup and bronze files there, every commit here.
+        let remote = match (&self.cluster, keeps_set) {
+            (Some(port), false) => Some(
+                crate::engine::ingest::run(
+                    &crate::operator::port::ReadPort::session(port.as_ref()),
+                    plan,
+                    schema,
+                    &self.landing,
+                    &self.wh.loc,
+                    ingested_at,
+                    bronze.version().unwrap_or(0),
+                    !bronze_done,
+                    &self.cfg.storage,
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+
         // 2. decode + validate
         let bar = progress(plan.files.len() as u64, &format!("{source} batch {n}"));
-        let decoded = self.decode_all(plan, schema, ingested_at, &bar).await?;
+        let (decoded, remote) = match remote {
+            Some(mut r) => (std::mem::take(&mut r.decoded), Some(r)),
+            None => (
+                self.decode_all(plan, schema, ingested_at, &bar).await?,
+                None,
+            ),
+        };
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut quarantine = QuarantineBuilder::default();
         let mut outcomes = Vec::with_capacity(plan.files.len());
@@ -628,33 +675,36 @@ impl Ingestor {
         let decode_ms = timer.elapsed().as_millis() as u64;
 
         // dedup, then 3. bronze
-        let bronze = self
-            .wh
-            .open_or_create(&names::table::bronze(source), &schema.bronze, &[EVENT_DATE])
-            .await?;
-        let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
         let t_dedup = Instant::now();
-        // Against the stream's in-memory set when it keeps one (Ok), else against bronze.
-        let cached = {
-            let mut g = self
-                .cache
-                .lock()
-                .map_err(|_| Error::Poisoned("the dedup set cache"))?;
-            match g.get_mut(source) {
-                Some(set) => Ok(dedup_in_memory(batches, schema, set)?),
-                None => Err(batches),
+        let (deduped, valid, rows_written) = match remote {
+            // The cluster deduplicated and wrote the files: commit them.
+            Some(r) => (Bronze::Written(r.adds), r.valid, r.written),
+            None => {
+                let valid: i64 = batches.iter().map(|b| b.num_rows() as i64).sum();
+                // Against the stream's in-memory set when it keeps one (Ok), else
+                // against bronze.
+                let cached = {
+                    let mut g = self
+                        .cache
+                        .lock()
+                        .map_err(|_| Error::Poisoned("the dedup set cache"))?;
+                    match g.get_mut(source) {
+                        Some(set) => Ok(dedup_in_memory(batches, schema, set)?),
+                        None => Err(batches),
+                    }
+                };
+                let deduped = match cached {
+                    Ok(d) => d,
+                    Err(batches) => dedup(batches, &bronze, schema, n).await?,
+                };
+                let written = deduped.iter().map(|b| b.num_rows() as i64).sum();
+                (Bronze::Rows(deduped), valid, written)
             }
-        };
-        let deduped = match cached {
-            Ok(d) => d,
-            Err(batches) => dedup(batches, &bronze, schema, n).await?,
         };
         let dedup_ms = t_dedup.elapsed().as_millis() as u64;
         let t_bronze = Instant::now();
-        let rows_written: i64 = deduped.iter().map(|b| b.num_rows() as i64).sum();
         let duplicates = valid - rows_written;
         let mut bronze_version = None;
-        let bronze_done = delta::holds(&bronze, &app, n).await?;
         if bronze_done {
             info!(
                 source,
@@ -662,11 +712,15 @@ impl Ingestor {
                 "bronze already holds this batch (replay)"
             );
         } else if rows_written > 0 {
-            let props = delta::bronze_writer_properties(
-                schema.bronze.fields().iter().map(|f| f.name().as_str()),
-            );
-            let t =
-                delta::append_with(bronze, deduped, &[EVENT_DATE], &app, n, Some(props)).await?;
+            let t = match deduped {
+                Bronze::Rows(rows) => {
+                    let props = delta::bronze_writer_properties(
+                        schema.bronze.fields().iter().map(|f| f.name().as_str()),
+                    );
+                    delta::append_with(bronze, rows, &[EVENT_DATE], &app, n, Some(props)).await?
+                }
+                Bronze::Written(adds) => delta::commit_adds(bronze, adds, &app, n).await?,
+            };
             bronze_version = t.version().map(|v| v as i64);
         }
         fault::point("after_bronze");
@@ -760,49 +814,11 @@ impl Ingestor {
             .map(|n| n.get())
             .unwrap_or(2);
         let jobs = plan.files.iter().map(|pf| {
-            let schema = schema.clone();
             let bar = bar.clone();
             async move {
-                if pf.action != FileAction::Ingest {
-                    bar.inc(1);
-                    return Ok(None);
-                }
-                let f = &pf.file;
-                let ctx = FileContext {
-                    source_file: f.path.clone(),
-                    partition: f.partition.clone(),
-                    landed_at_us: f.landed_at_us,
-                    batch_id: plan.batch_id,
-                    ingested_at_us: ingested_at,
-                };
-                let format = f.format;
-                let what = || format!("decoder for {}", f.path);
-                let decoded = if read::streams(format, f.size) {
-                    let landed = read::Landed {
-                        store: self.landing.store.clone(),
-                        path: self.landing.path(&f.path),
-                        size: f.size,
-                        e_tag: f.e_tag.clone(),
-                        display: self.landing.display(&f.path),
-                    };
-                    let handle = tokio::runtime::Handle::current();
-                    on_blocking_thread(what, move || {
-                        read::decode_in_ranges(landed, format, &schema, &ctx, &handle)
-                    })
-                    .await?
-                } else {
-                    match self.read_landed(f).await? {
-                        Ok(bytes) => {
-                            on_blocking_thread(what, move || {
-                                decode_file(bytes, format, &schema, &ctx)
-                            })
-                            .await?
-                        }
-                        Err(reason) => Decoded::FileRejected { reason },
-                    }
-                };
+                let d = decode_planned(&self.landing, pf, schema, plan.batch_id, ingested_at).await;
                 bar.inc(1);
-                Ok::<_, Error>(Some(decoded))
+                d
             }
         });
         futures::stream::iter(jobs)
@@ -810,33 +826,87 @@ impl Ingestor {
             .try_collect()
             .await
     }
+}
 
-    /// Read a planned file; Err(reason) when it is gone or no longer what was planned.
-    async fn read_landed(
-        &self,
-        f: &LandedFile,
-    ) -> Result<std::result::Result<bytes::Bytes, String>> {
-        let path = self.landing.path(&f.path);
-        match self.landing.store.get(&path).await {
-            Ok(r) => {
-                if r.meta.size != f.size {
-                    return Ok(Err(format!(
-                        "file changed while being processed ({} bytes planned, {} found)",
-                        f.size, r.meta.size
-                    )));
-                }
-                let b = r
-                    .bytes()
-                    .await
-                    .map_err(|e| Error::storage(self.landing.display(&f.path), e))?;
-                Ok(Ok(b))
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                Ok(Err("file disappeared after it was planned".into()))
-            }
-            Err(e) => Err(Error::storage(self.landing.display(&f.path), e)),
-        }
+/// Read and decode one planned file for batch `n` (`None` for a file that is not read:
+/// a changed one). The same on the coordinator and on a cluster's executors
+/// ([`crate::engine::ingest`]).
+pub(crate) async fn decode_planned(
+    landing: &Location,
+    pf: &PlannedFile,
+    schema: &Arc<SourceSchema>,
+    n: i64,
+    ingested_at: i64,
+) -> Result<Option<Decoded>> {
+    if pf.action != FileAction::Ingest {
+        return Ok(None);
     }
+    let f = &pf.file;
+    let ctx = FileContext {
+        source_file: f.path.clone(),
+        partition: f.partition.clone(),
+        landed_at_us: f.landed_at_us,
+        batch_id: n,
+        ingested_at_us: ingested_at,
+    };
+    let format = f.format;
+    let what = || format!("decoder for {}", f.path);
+    let schema = schema.clone();
+    let decoded = if read::streams(format, f.size) {
+        let landed = read::Landed {
+            store: landing.store.clone(),
+            path: landing.path(&f.path),
+            size: f.size,
+            e_tag: f.e_tag.clone(),
+            display: landing.display(&f.path),
+        };
+        let handle = tokio::runtime::Handle::current();
+        on_blocking_thread(what, move || {
+            read::decode_in_ranges(landed, format, &schema, &ctx, &handle)
+        })
+        .await?
+    } else {
+        match read_landed(landing, f).await? {
+            Ok(bytes) => {
+                on_blocking_thread(what, move || decode_file(bytes, format, &schema, &ctx)).await?
+            }
+            Err(reason) => Decoded::FileRejected { reason },
+        }
+    };
+    Ok(Some(decoded))
+}
+
+/// Read a planned file; Err(reason) when it is gone or no longer what was planned.
+async fn read_landed(
+    landing: &Location,
+    f: &LandedFile,
+) -> Result<std::result::Result<bytes::Bytes, String>> {
+    let path = landing.path(&f.path);
+    match landing.store.get(&path).await {
+        Ok(r) => {
+            if r.meta.size != f.size {
+                return Ok(Err(format!(
+                    "file changed while being processed ({} bytes planned, {} found)",
+                    f.size, r.meta.size
+                )));
+            }
+            let b = r
+                .bytes()
+                .await
+                .map_err(|e| Error::storage(landing.display(&f.path), e))?;
+            Ok(Ok(b))
+        }
+        Err(object_store::Error::NotFound { .. }) => {
+            Ok(Err("file disappeared after it was planned".into()))
+        }
+        Err(e) => Err(Error::storage(landing.display(&f.path), e)),
+    }
+}
+
+/// A batch's deduplicated rows: to write, or written by a cluster (to commit).
+enum Bronze {
+    Rows(Vec<RecordBatch>),
+    Written(Vec<deltalake::kernel::Add>),
 }
 
 /// Run CPU-bound work (decoding a file) on tokio's blocking pool.
@@ -936,13 +1006,26 @@ async fn dedup(
     schema: &SourceSchema,
     n: i64,
 ) -> Result<Vec<RecordBatch>> {
-    let id_idx = schema.event_id_index();
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut dates = BTreeSet::new();
     for b in &batches {
         let d = b.column(date_idx).as_primitive::<Date32Type>();
         dates.extend(d.values().iter().copied());
     }
+    dedup_in_dates(batches, bronze, schema, n, &dates).await
+}
+
+/// [`dedup`] of some of a batch's rows (`batches`, in plan order) against bronze in the
+/// event `dates` the whole batch touches: a cluster's write task holds one hash
+/// partition of the batch ([`crate::engine::ingest`]).
+pub(crate) async fn dedup_in_dates(
+    batches: Vec<RecordBatch>,
+    bronze: &deltalake::DeltaTable,
+    schema: &SourceSchema,
+    n: i64,
+    dates: &BTreeSet<i32>,
+) -> Result<Vec<RecordBatch>> {
+    let id_idx = schema.event_id_index();
     if batches.iter().all(|b| b.num_rows() == 0) {
         return Ok(Vec::new());
     }
@@ -961,7 +1044,7 @@ async fn dedup(
         masks.push(mask);
     }
     if bronze.version().unwrap_or(0) > 0 {
-        let existing = existing_ids(&seen, &dates, bronze, n).await?;
+        let existing = existing_ids(&seen, dates, bronze, n).await?;
         if !existing.is_empty() {
             for (b, m) in batches.iter().zip(masks.iter_mut()) {
                 let id = b.column(id_idx).as_string::<i32>();

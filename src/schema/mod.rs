@@ -98,6 +98,9 @@ pub struct SourceSchema {
     /// A change-data-capture source's key, position and row columns (its `fields` are
     /// then the flattened change, see [`cdc`]).
     pub cdc: Option<Arc<cdc::CdcSpec>>,
+    /// The schema document it was parsed from (a cluster's executors parse it again,
+    /// see [`crate::engine::ingest`]).
+    pub text: Arc<str>,
 }
 
 impl SourceSchema {
@@ -198,6 +201,7 @@ impl SourceSchema {
             fields: file.fields,
             bronze: Arc::new(Schema::new(arrow_fields)),
             cdc,
+            text: Arc::from(""),
         })
     }
 
@@ -272,7 +276,9 @@ pub fn parse(text: &str, origin: &Path) -> Result<SourceSchema> {
         file: origin.to_path_buf(),
         message: format!("expected {{\"source\", \"kind\"?: events|cdc, \"fields\": [{{\"name\", \"type\": string|int64|timestamp, \"nullable\"?, \"enum\"?}}], and for cdc \"primary_key\" and \"position\"}}: {e}"),
     })?;
-    SourceSchema::from_file(file, origin)
+    let mut schema = SourceSchema::from_file(file, origin)?;
+    schema.text = Arc::from(text);
+    Ok(schema)
 }
 
 #[cfg(test)]

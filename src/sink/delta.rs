@@ -515,6 +515,45 @@ async fn write_append(
     r
 }
 
+/// Commit files another process wrote into `table` (a cluster's executors, see
+/// [`crate::engine::ingest`]) as one append carrying `(app_id, version)`: the way Spark
+/// commits the files its tasks wrote. A file no commit names is never read, and vacuum
+/// removes it. Returns the table after the commit.
+pub async fn commit_adds(
+    table: DeltaTable,
+    adds: Vec<deltalake::kernel::Add>,
+    app_id: &str,
+    version: i64,
+) -> Result<DeltaTable> {
+    use deltalake::kernel::transaction::CommitBuilder;
+    let url = table.table_url().to_string();
+    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
+    let partitions = snap.metadata().partition_columns().to_vec();
+    let operation = deltalake::protocol::DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partitions.is_empty()).then_some(partitions),
+        predicate: None,
+    };
+    let t = std::time::Instant::now();
+    let finalized = CommitBuilder::from(txn_props(app_id, version))
+        .with_actions(
+            adds.into_iter()
+                .map(deltalake::kernel::Action::Add)
+                .collect(),
+        )
+        .build(Some(snap), table.log_store(), operation)
+        .await
+        .map_err(|e| Error::delta(&url, e))?;
+    super::timings::record(
+        format!("append {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
+    let mut table = table;
+    table.state = Some(finalized.snapshot());
+    super::tables::keep(&table);
+    Ok(table)
+}
+
 /// Replace every row of `table` by `batches` (of `schema`; none is an empty table) in
 /// one commit carrying `(app_id, version)`.
 pub async fn overwrite(

@@ -27,7 +27,7 @@ use crate::schema::cdc::CdcSpec;
 use crate::schema::{FieldType, SourceSchema};
 
 /// A record that failed validation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Rejected {
     /// 1-based line (NDJSON) or row (Parquet) number; None when the whole file is rejected.
     pub line: Option<i64>,

@@ -1,6 +1,6 @@
 //! The cluster engine (`[engine] kind = "ballista"`): a scheduler and two executors
 //! started from the kestrel binary on free loopback ports run a replay's reads and
-//! aggregates, and every table equals a local run's; an unreachable scheduler fails
+//! aggregates and ingests its batches, and every table equals a local run's; an unreachable scheduler fails
 //! the run with nothing committed, or with `fallback = "local"` runs it locally.
 
 use std::io::{BufRead, BufReader};
@@ -18,11 +18,15 @@ struct Process {
     first_line: String,
     /// Lines of its log (stderr) containing [`Process::COUNTED`].
     counted: Arc<AtomicUsize>,
+    /// Lines of its log containing [`Process::INGESTIONS`].
+    ingestions: Arc<AtomicUsize>,
 }
 
 impl Process {
     /// What the scheduler logs for every plan it ran to the end.
     const COUNTED: &'static str = "Job finished successfully";
+    /// What the scheduler logs for every batch ingested on the cluster (its plan).
+    const INGESTIONS: &'static str = "KestrelWriteExec:";
 }
 
 impl Drop for Process {
@@ -35,7 +39,10 @@ impl Drop for Process {
 fn start(args: &[String]) -> Process {
     let mut child = Command::new(BIN)
         .args(args)
-        .env("RUST_LOG", "warn,ballista_scheduler=info")
+        .env(
+            "RUST_LOG",
+            "warn,ballista_scheduler=info,kestrel::engine=info",
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -48,6 +55,8 @@ fn start(args: &[String]) -> Process {
     let counted = Arc::new(AtomicUsize::new(0));
     let stderr = child.stderr.take().expect("stderr");
     let count = counted.clone();
+    let ingestions = Arc::new(AtomicUsize::new(0));
+    let ingested = ingestions.clone();
     // Its log, kept for a failed run.
     let role = args.iter().skip_while(|a| *a != "cluster").nth(1);
     let role = role.map_or("cluster", |r| r.as_str());
@@ -62,12 +71,16 @@ fn start(args: &[String]) -> Process {
             if line.contains(Process::COUNTED) {
                 count.fetch_add(1, Ordering::Relaxed);
             }
+            if line.contains(Process::INGESTIONS) {
+                ingested.fetch_add(1, Ordering::Relaxed);
+            }
         }
     });
     Process {
         child,
         first_line,
         counted,
+        ingestions,
     }
 }
 
@@ -193,6 +206,12 @@ fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
     assert_same_tables(&local, &remote);
     let ran = c.scheduler.counted.load(Ordering::Relaxed);
     assert!(ran > 20, "the cluster ran the replay's reads ({ran} plans)");
+    // Every batch of every source: decoded, deduplicated and written there.
+    let ingested = c.scheduler.ingestions.load(Ordering::Relaxed);
+    assert!(
+        ingested >= 5 * 4,
+        "the cluster ingested ({ingested} batches)"
+    );
 
     let first = files.iter().map(|f| f.0).min().unwrap() - 86_400;
     let last = files.iter().map(|f| f.0).max().unwrap();
