@@ -95,8 +95,13 @@ impl App {
     /// `[engine] fallback = "local"`.
     pub async fn with_engine(mut self) -> Result<Self> {
         let cluster = crate::engine::connect::read_port(&self.engine, self.warehouse()).await?;
+        let days = if cluster.is_some() {
+            self.engine.parallel_days
+        } else {
+            1
+        };
         self.ingestor = self.ingestor.with_cluster(cluster.clone().map(Arc::new));
-        self.runner = self.runner.with_cluster(cluster);
+        self.runner = self.runner.with_cluster(cluster).with_parallel_days(days);
         Ok(self)
     }
 

@@ -5,6 +5,7 @@
 //! kind = "ballista"                 # default "local": this process, no services
 //! scheduler = "df://10.0.0.5:50050" # required with kind = "ballista"
 //! fallback = "local"                # default "none": an unreachable scheduler fails the run
+//! parallel_days = 4                 # backfill days recomputed at once on the cluster
 //! ```
 
 use crate::error::{Error, Result};
@@ -30,12 +31,28 @@ pub enum Fallback {
 }
 
 /// The `[engine]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     pub kind: EngineKind,
     /// `df://host:port` of the scheduler (with `kind = Ballista`).
     pub scheduler: Option<String>,
     pub fallback: Fallback,
+    /// Backfill days recomputed at once on the cluster (locally: one at a time).
+    pub parallel_days: usize,
+}
+
+/// Default of `[engine] parallel_days`.
+pub const PARALLEL_DAYS: usize = 4;
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            kind: EngineKind::default(),
+            scheduler: None,
+            fallback: Fallback::default(),
+            parallel_days: PARALLEL_DAYS,
+        }
+    }
 }
 
 impl EngineConfig {
@@ -66,11 +83,23 @@ impl EngineConfig {
                     let fallbacks = [("none", Fallback::None), ("local", Fallback::Local)];
                     cfg.fallback = one_of(file, &field, s()?, &fallbacks)?;
                 }
+                "parallel_days" => {
+                    cfg.parallel_days = value
+                        .as_integer()
+                        .filter(|n| (1..=256).contains(n))
+                        .ok_or_else(|| {
+                            Error::config(
+                                file,
+                                &field,
+                                format!("an integer from 1 to 256, got {value}"),
+                            )
+                        })? as usize;
+                }
                 other => {
                     return Err(Error::config(
                         file,
                         format!("engine.{other}"),
-                        "one of kind, scheduler, fallback",
+                        "one of kind, scheduler, fallback, parallel_days",
                     ))
                 }
             }
@@ -133,6 +162,8 @@ mod tests {
         let c =
             parse("kind = \"ballista\"\nscheduler = \"df://h:7\"\nfallback = \"local\"").unwrap();
         assert_eq!(c.kind, EngineKind::Ballista);
+        assert_eq!(c.parallel_days, PARALLEL_DAYS);
+        assert_eq!(parse("parallel_days = 8").unwrap().parallel_days, 8);
         assert_eq!(c.fallback, Fallback::Local);
         assert_eq!(scheduler_addr("df://h:7").unwrap(), ("h".into(), 7));
         assert_eq!(scheduler_addr("df://h").unwrap(), ("h".into(), 50050));
@@ -142,6 +173,8 @@ mod tests {
             ("scheduler = \"http://h:1\"", "engine.scheduler"),
             ("fallback = \"maybe\"", "engine.fallback"),
             ("nodes = 3", "engine.nodes"),
+            ("parallel_days = 0", "engine.parallel_days"),
+            ("parallel_days = \"4\"", "engine.parallel_days"),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.starts_with(&format!("k.toml: field `{field}`")), "{e}");

@@ -126,6 +126,8 @@ pub struct JobRunner {
     pending: Option<Arc<crate::operator::pending::Pending>>,
     /// Where the operators' reads run when not in this process (`[engine]`).
     cluster: Option<Arc<crate::engine::port::ClusterPort>>,
+    /// Backfill days recomputed at once ([`super::backfill`]).
+    pub(crate) parallel_days: usize,
 }
 
 impl JobRunner {
@@ -145,6 +147,7 @@ impl JobRunner {
             clock: Clock::system(),
             pending: None,
             cluster: None,
+            parallel_days: 1,
         }
     }
 
@@ -152,6 +155,12 @@ impl JobRunner {
     /// [`crate::engine`]); plans, MERGEs and commits stay in this process.
     pub fn with_cluster(mut self, port: Option<crate::engine::port::ClusterPort>) -> Self {
         self.cluster = port.map(Arc::new);
+        self
+    }
+
+    /// Recompute `n` backfill days at once (on a cluster: `[engine] parallel_days`).
+    pub fn with_parallel_days(mut self, n: usize) -> Self {
+        self.parallel_days = n.max(1);
         self
     }
 
