@@ -11,9 +11,11 @@ use clap::Parser;
 mod cli;
 
 fn init_tracing(verbose: u8) {
+    // Ballista's client logs a failed cluster job as an error before returning it; kestrel
+    // reports that error itself, on one line.
     let default = match verbose {
-        0 => "warn,deltalake_core=error,deltalake=error,buoyant_kernel=off",
-        1 => "info,kestrel=info,deltalake_core=error,buoyant_kernel=off,datafusion=warn",
+        0 => "warn,deltalake_core=error,deltalake=error,buoyant_kernel=off,ballista_core::execution_plans::distributed_query=off",
+        1 => "info,kestrel=info,deltalake_core=error,buoyant_kernel=off,datafusion=warn,ballista_core::execution_plans::distributed_query=off",
         _ => "debug,kestrel=debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

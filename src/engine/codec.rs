@@ -347,4 +347,37 @@ mod tests {
             "{e}"
         );
     }
+
+    /// An ingestion's stages travel as their task and come back equal; an executor of
+    /// another kestrel version refuses them with both versions named (every batch an
+    /// ingestion on the cluster runs checks each executor it reaches).
+    #[test]
+    fn ingestion_stages_round_trip_and_other_versions_are_refused() {
+        let task = IngestTask {
+            source: "orders".into(),
+            schema_text: "{}".into(),
+            landing: "file:///l/".into(),
+            warehouse: "file:///w/".into(),
+            batch_id: 3,
+            ingested_at_us: 7,
+            bronze_version: 2,
+            write: true,
+            files: Vec::new(),
+            decode_tasks: 2,
+            write_tasks: 2,
+            stage: "s".into(),
+        };
+        for magic in [DECODE, WRITE, INGEST] {
+            let mut buf = Vec::new();
+            encode_task(magic, &task, &mut buf).unwrap();
+            assert_eq!(*decode_task(magic, &buf).unwrap(), task);
+            let mut other = buf.clone();
+            other[magic.len() + 1] = b'9';
+            let e = decode_task(magic, &other).unwrap_err().to_string();
+            assert!(
+                e.contains(KESTREL_VERSION) && e.contains("kestrel 9"),
+                "{e}"
+            );
+        }
+    }
 }

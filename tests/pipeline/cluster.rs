@@ -37,7 +37,31 @@ impl Drop for Process {
 }
 
 fn start(args: &[String]) -> Process {
-    let mut child = Command::new(BIN)
+    start_command(Command::new(BIN), args)
+}
+
+/// Whether this machine lets a process see its own, private mounts (`unshare`).
+fn can_hide_directories() -> bool {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A cluster process that cannot see `hidden` (an empty tmpfs is mounted over it in a
+/// mount namespace of its own), as an executor on a machine without the warehouse.
+fn start_without(hidden: &std::path::Path, args: &[String]) -> Process {
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none "$0" && exec "$@""#)
+        .arg(hidden)
+        .arg(BIN);
+    start_command(c, args)
+}
+
+fn start_command(mut command: Command, args: &[String]) -> Process {
+    let mut child = command
         .args(args)
         .env(
             "RUST_LOG",
@@ -270,6 +294,66 @@ fn an_unreachable_scheduler_fails_the_run_or_falls_back_when_asked() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("running locally"), "{stderr}");
+    assert_eq!(env.snapshot("bronze/orders", &["_ingested_at"]).len(), 1);
+}
+
+/// An executor that cannot see the warehouse's storage (here: a local landing zone and
+/// warehouse hidden from its process): the batch fails with one line naming the store
+/// that process cannot open, bronze holds none of it, and once an executor that sees
+/// the store joins, `run` ingests the batch.
+#[test]
+fn an_executor_without_the_store_fails_the_batch_naming_the_store() {
+    if !can_hide_directories() {
+        eprintln!("skipped: this machine does not allow private mounts (unshare --mount)");
+        return;
+    }
+    let scheduler = start(&["cluster", "scheduler", "--bind", "127.0.0.1:0"].map(String::from));
+    let url = scheduler
+        .first_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let addr = url.trim_start_matches("df://").to_string();
+    let env = on_cluster(&url, "none");
+    env.land(
+        "orders/a.jsonl",
+        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
+        T0,
+    );
+    let executor = |blind: bool| {
+        let args = [
+            "cluster",
+            "executor",
+            "--scheduler",
+            &addr,
+            "--bind",
+            "127.0.0.1:0",
+            "--concurrent-tasks",
+            "1",
+        ]
+        .map(String::from);
+        if blind {
+            start_without(env.path(), &args)
+        } else {
+            start(&args)
+        }
+    };
+    let blind = executor(true);
+    wait_ready(&addr);
+    let err = env.fails_one_line(&["run"]);
+    let landing = env.landing();
+    assert!(
+        err.contains("cannot open the landing zone") && err.contains(&*landing.to_string_lossy()),
+        "{err}"
+    );
+    assert!(
+        env.snapshot("bronze/orders", &[]).is_empty(),
+        "nothing committed"
+    );
+    drop(blind);
+    let _sighted = executor(false);
+    env.run_ok(&["run"], 0);
     assert_eq!(env.snapshot("bronze/orders", &["_ingested_at"]).len(), 1);
 }
 

@@ -25,7 +25,6 @@ use crate::error::Result as KResult;
 use crate::ledger::FileAction;
 use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::source::decode::Decoded;
-use crate::storage::Location;
 
 /// Decodes planned files, one task per partition of its input: rows of `(task, file)`
 /// naming the decode task and the plan index of each file it decodes ([`assignments`]).
@@ -209,7 +208,7 @@ async fn decode_files(
     decode_task: usize,
     files: &[usize],
 ) -> KResult<Vec<RecordBatch>> {
-    let landing = Location::open(&task.landing, storage, false)?;
+    let landing = super::open_store(&task.landing, storage, "landing zone")?;
     let out = stage_schema(&schema.bronze);
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut batches = Vec::new();
@@ -259,7 +258,7 @@ async fn decode_files(
     }
     // Stage 2 deduplicates against bronze in the dates the whole batch touches: each
     // decode task leaves its share (the same content on every attempt).
-    let warehouse = Location::open(&task.warehouse, storage, false)?;
+    let warehouse = super::open_store(&task.warehouse, storage, "warehouse")?;
     let text = serde_json::to_vec(&dates).map_err(|e| crate::engine::EngineError::Stage {
         what: "encode event dates".into(),
         reason: e.to_string(),

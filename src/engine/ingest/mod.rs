@@ -133,6 +133,32 @@ pub(crate) fn output_schema() -> SchemaRef {
     ]))
 }
 
+/// Open the landing zone or the warehouse (`what`) at `url` in the process a task runs
+/// in, with that process's `storage`; an error names the store and says where.
+pub(crate) fn open_store(
+    url: &str,
+    storage: &BTreeMap<String, String>,
+    what: &str,
+) -> Result<Location> {
+    Location::open(url, storage, false).map_err(|e| {
+        Error::from(super::EngineError::Stage {
+            what: format!(
+                "a cluster process (host {}) cannot open the {what} {url}",
+                hostname()
+            ),
+            reason: format!(
+                "{e}; executors need the coordinator's storage: the same local paths, or its [storage] through --config"
+            ),
+        })
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// A kestrel error as DataFusion carries it across a plan.
 pub(crate) fn df_err(e: Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))

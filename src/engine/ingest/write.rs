@@ -220,7 +220,7 @@ async fn write_partition(
             .map(|c| take(c.as_ref(), &order, None))
             .collect::<std::result::Result<_, _>>()?;
         let batch = RecordBatch::try_new(schema.bronze.clone(), cols)?;
-        let warehouse = Location::open(&task.warehouse, storage, false)?;
+        let warehouse = super::open_store(&task.warehouse, storage, "warehouse")?;
         let dates = batch_dates(task, &warehouse).await?;
         let wh = Warehouse::new(warehouse);
         let rel = crate::names::table::bronze(&task.source);
