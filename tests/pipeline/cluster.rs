@@ -193,8 +193,9 @@ fn on_cluster(url: &str, fallback: &str) -> Env {
 /// A demo hour replayed in arrival buckets, `run` after each, then backfills over the
 /// hour's dates: on the cluster and locally, every bronze, quarantine, gold and late
 /// table and the run log are the same. One executor is killed (SIGKILL) while the second
-/// bucket's run is under way: that run either finishes on the other executor or fails
-/// with one line, and a rerun commits nothing twice.
+/// bucket's run is ingesting on the cluster: that run either finishes on the other
+/// executor or fails with one line, and a rerun commits nothing twice (files a killed
+/// task wrote are never committed).
 #[test]
 fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
     let files = demo_files();
@@ -215,7 +216,14 @@ fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // Once this run's ingestion is under way (its third source's plan submitted).
+        let before = c.scheduler.ingestions.load(Ordering::Relaxed);
+        for _ in 0..600 {
+            if c.scheduler.ingestions.load(Ordering::Relaxed) >= before + 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let mut killed = c.executors.remove(0);
         killed.child.kill().unwrap();
         killed.child.wait().unwrap();
