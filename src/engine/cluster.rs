@@ -17,7 +17,7 @@ use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::{create_scheduler, start_grpc_service_with_listener};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 
-use super::{codec, EngineError, BALLISTA_VERSION, KESTREL_VERSION};
+use super::{codec, kestrel_version, EngineError, BALLISTA_VERSION};
 use crate::error::Result;
 
 /// An executor silent for this long is taken for dead.
@@ -47,7 +47,10 @@ pub async fn scheduler(bind: &str, storage: BTreeMap<String, String>) -> Result<
     let addr = listener
         .local_addr()
         .map_err(|e| process_error("scheduler")(e.to_string()))?;
-    println!("scheduler df://{addr} (kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})");
+    println!(
+        "scheduler df://{addr} (kestrel {}, ballista {BALLISTA_VERSION})",
+        kestrel_version()
+    );
     let mut config = SchedulerConfig::default()
         .with_hostname(addr.ip().to_string())
         .with_port(addr.port());
@@ -129,7 +132,8 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
     let grpc_port = free_port(addr.ip())?;
     let vcores = concurrent_tasks.unwrap_or_else(crate::config::default_parallel_jobs);
     println!(
-        "executor {external_host}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {KESTREL_VERSION}, ballista {BALLISTA_VERSION})"
+        "executor {external_host}:{port} (scheduler {scheduler_host}:{scheduler_port}, {vcores} concurrent tasks, kestrel {}, ballista {BALLISTA_VERSION})",
+        kestrel_version()
     );
     // Shuffle files and spills.
     let work_dir = std::env::temp_dir().join(format!("kestrel-executor-{port}"));
@@ -139,6 +143,7 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
     super::stores::set_process_options(storage.clone());
     let stores = Arc::new(super::stores::WarehouseStores::new(storage));
     let spill_dir = work_dir.clone();
+    let scheduler_url = format!("df://{scheduler_host}:{scheduler_port}");
     let config = ExecutorProcessConfig {
         work_dir: Some(work_dir.to_string_lossy().into_owned()),
         override_runtime_producer: Some(Arc::new(move |_| {
@@ -165,8 +170,12 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
         override_physical_codec: Some(codec::physical()),
         ..Default::default()
     };
-    start_executor_process(Arc::new(config))
-        .await
-        .map_err(|e| process_error("executor")(e.to_string()))?;
+    // It serves until stopped; meanwhile it checks that the scheduler runs its kestrel
+    // version (Ballista's registration carries no such thing), and stops if not.
+    let serve = start_executor_process(Arc::new(config));
+    tokio::select! {
+        r = serve => r.map_err(|e| process_error("executor")(e.to_string()))?,
+        e = super::connect::refused(&scheduler_url) => return Err(e.into()),
+    }
     Ok(())
 }

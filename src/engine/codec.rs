@@ -31,7 +31,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
 use super::ingest::{DecodeExec, IngestScan, IngestTask, WriteExec};
-use super::{stores, EngineError, KESTREL_VERSION};
+use super::{kestrel_version, stores, EngineError};
 
 /// First bytes of an encoded in-memory table.
 const MAGIC: &[u8; 4] = b"KMT1";
@@ -62,7 +62,7 @@ pub fn logical() -> Arc<dyn LogicalExtensionCodec> {
 /// Start an encoded node: its magic, then the kestrel version that encoded it.
 fn header(magic: &[u8; 4], buf: &mut Vec<u8>) {
     buf.extend_from_slice(magic);
-    let v = KESTREL_VERSION.as_bytes();
+    let v = kestrel_version().as_bytes();
     buf.push(v.len() as u8);
     buf.extend_from_slice(v);
 }
@@ -77,11 +77,11 @@ fn body<'a>(magic: &[u8; 4], buf: &'a [u8]) -> Result<&'a [u8]> {
     }
     let (version, body) = rest.split_at(n as usize);
     let version = String::from_utf8_lossy(version);
-    if version != KESTREL_VERSION {
+    if version != kestrel_version() {
         return Err(DataFusionError::External(Box::new(
             EngineError::PlanVersion {
                 theirs: version.into_owned(),
-                ours: KESTREL_VERSION.into(),
+                ours: kestrel_version().into(),
             },
         )));
     }
@@ -343,7 +343,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains(KESTREL_VERSION) && e.contains("kestrel 9"),
+            e.contains(kestrel_version()) && e.contains("kestrel 9"),
             "{e}"
         );
     }
@@ -375,7 +375,7 @@ mod tests {
             other[magic.len() + 1] = b'9';
             let e = decode_task(magic, &other).unwrap_err().to_string();
             assert!(
-                e.contains(KESTREL_VERSION) && e.contains("kestrel 9"),
+                e.contains(kestrel_version()) && e.contains("kestrel 9"),
                 "{e}"
             );
         }

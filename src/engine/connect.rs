@@ -27,6 +27,7 @@ pub async fn read_port(engine: &EngineConfig, wh: &Warehouse) -> Result<Option<C
     let url = engine.scheduler.clone().unwrap_or_default();
     match check(&url).await {
         Ok(endpoint) => {
+            probe(&endpoint, &url).await?;
             tracing::info!(scheduler = %url, "reads and aggregates run on the cluster");
             Ok(Some(ClusterPort::new(wh.clone(), endpoint)))
         }
@@ -73,6 +74,78 @@ pub async fn check(url: &str) -> std::result::Result<String, EngineError> {
         None => Err(unreachable(
             "it answered, but not as a ballista scheduler (no `server: ballista/…` header)".into(),
         )),
+    }
+}
+
+/// How long the version probe may wait for the cluster to run it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Send the scheduler at `endpoint` (`http://host:port`, `url` as configured) a plan
+/// carrying this process's kestrel version (an empty in-memory table, [`super::codec`]):
+/// a scheduler of another kestrel version refuses it as it decodes it, with both versions
+/// named. Executors do the same when they start ([`refused`]), so every process of a
+/// working cluster runs one kestrel version. An error that is not a refusal is left to
+/// the run (the probe then costs nothing more than a failed job).
+pub async fn probe(endpoint: &str, url: &str) -> std::result::Result<(), EngineError> {
+    let ctx = super::port::cluster_session(endpoint);
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Utf8, true),
+    ]));
+    let empty = datafusion::datasource::MemTable::try_new(schema, vec![vec![]]);
+    let query = async {
+        let t = empty?;
+        ctx.read_table(std::sync::Arc::new(t))?.count().await
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, query).await {
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            match text.find("a plan encoded by kestrel") {
+                Some(i) => {
+                    let reason: String = text[i..]
+                        .chars()
+                        .take_while(|c| !matches!(c, '"' | ')' | '\n'))
+                        .collect();
+                    Err(EngineError::Refused {
+                        url: url.to_string(),
+                        ours: super::kestrel_version().to_string(),
+                        reason,
+                    })
+                }
+                None => {
+                    tracing::warn!(scheduler = %url, error = %text, "the cluster's version probe failed");
+                    Ok(())
+                }
+            }
+        }
+        Ok(Ok(_)) => Ok(()),
+        Err(_) => {
+            tracing::warn!(scheduler = %url, "the cluster did not run the version probe within 60 s");
+            Ok(())
+        }
+    }
+}
+
+/// For an executor: wait until the scheduler at `url` answers, then probe it
+/// ([`probe`]); resolves only with the scheduler's refusal (or a Ballista version
+/// mismatch), so the executor stops.
+pub async fn refused(url: &str) -> EngineError {
+    let mut waited = 0;
+    let endpoint = loop {
+        match check(url).await {
+            Ok(e) => break e,
+            Err(e @ EngineError::VersionMismatch { .. }) => return e,
+            Err(e) => {
+                waited += 1;
+                if waited == 60 {
+                    tracing::warn!(error = %e, "the scheduler does not answer its version check");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    match probe(&endpoint, url).await {
+        Err(e) => e,
+        Ok(()) => std::future::pending().await,
     }
 }
 

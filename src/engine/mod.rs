@@ -48,6 +48,13 @@ pub enum EngineError {
     /// A distributed stage returned what kestrel cannot use, or lacks what it needs.
     #[error("{what}: {reason}")]
     Stage { what: String, reason: String },
+    /// The scheduler refused this process's plans: another kestrel version.
+    #[error("ballista scheduler {url} refused kestrel {ours}'s plans: {reason}")]
+    Refused {
+        url: String,
+        ours: String,
+        reason: String,
+    },
     /// A cluster process could not start.
     #[error("{what}: {reason}")]
     Process { what: String, reason: String },
@@ -55,6 +62,19 @@ pub enum EngineError {
 
 /// The version every cluster process and every encoded plan carries.
 pub const KESTREL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The kestrel version this process encodes plans with and accepts: [`KESTREL_VERSION`],
+/// unless `KESTREL_TEST_VERSION` is set — a test hook that makes one process act as
+/// another release, to check that mismatched processes refuse each other.
+pub fn kestrel_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        std::env::var("KESTREL_TEST_VERSION")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| KESTREL_VERSION.to_string())
+    })
+}
 
 /// The Ballista version this kestrel is built with.
 pub const BALLISTA_VERSION: &str = ballista_core::BALLISTA_VERSION;

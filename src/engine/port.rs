@@ -238,21 +238,27 @@ impl ReadPort for ClusterPort {
     /// A session configured as every kestrel read ([`delta::session_config`]) whose
     /// plans the scheduler runs, with kestrel's codec.
     fn session(&self) -> SessionContext {
-        let config = delta::session_config()
-            .upgrade_for_ballista()
-            .with_ballista_logical_extension_codec(super::codec::logical())
-            .with_ballista_physical_extension_codec(super::codec::physical());
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .build();
-        match state.clone().upgrade_for_ballista(self.scheduler.clone()) {
-            Ok(s) => SessionContext::new_with_state(s),
-            Err(e) => {
-                // Only a malformed configuration fails here, and connect() checked it.
-                tracing::error!(error = %e, "cannot configure a cluster session; reading locally");
-                SessionContext::new_with_state(state)
-            }
+        cluster_session(&self.scheduler)
+    }
+}
+
+/// A session whose plans the scheduler at `scheduler` (`http://host:port`) runs,
+/// configured as every kestrel read, with kestrel's codecs.
+pub fn cluster_session(scheduler: &str) -> SessionContext {
+    let config = delta::session_config()
+        .upgrade_for_ballista()
+        .with_ballista_logical_extension_codec(super::codec::logical())
+        .with_ballista_physical_extension_codec(super::codec::physical());
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .build();
+    match state.clone().upgrade_for_ballista(scheduler.to_string()) {
+        Ok(s) => SessionContext::new_with_state(s),
+        Err(e) => {
+            // Only a malformed configuration fails here, and connect() checked it.
+            tracing::error!(error = %e, "cannot configure a cluster session; reading locally");
+            SessionContext::new_with_state(state)
         }
     }
 }

@@ -365,6 +365,63 @@ fn an_executor_without_the_store_fails_the_batch_naming_the_store() {
     assert_eq!(env.snapshot("bronze/orders", &["_ingested_at"]).len(), 1);
 }
 
+/// Processes of different kestrel versions refuse each other, naming both versions: an
+/// executor of another version stops (the scheduler refuses its probe), and a
+/// coordinator of another version fails its run before reading or committing anything.
+/// (`KESTREL_TEST_VERSION` makes a process act as another release.)
+#[test]
+fn a_kestrel_of_another_version_is_refused_with_both_versions_named() {
+    let c = cluster();
+    let ours = env!("CARGO_PKG_VERSION");
+    let addr = c.url.trim_start_matches("df://").to_string();
+    let mut other = Command::new(BIN)
+        .args([
+            "cluster",
+            "executor",
+            "--scheduler",
+            &addr,
+            "--bind",
+            "127.0.0.1:0",
+        ])
+        .env("KESTREL_TEST_VERSION", "9.9.9")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut waited = 0;
+    while other.try_wait().unwrap().is_none() {
+        waited += 1;
+        assert!(waited < 600, "an executor of another version kept running");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = other.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("kestrel: ") && last.contains("kestrel 9.9.9") && last.contains(ours),
+        "{err}"
+    );
+
+    let env = on_cluster(&c.url, "local");
+    env.land(
+        "orders/a.jsonl",
+        &lines(&[order("e1", T0, "o1", "s1", 1, 100)]),
+        T0,
+    );
+    let out = env.kestrel_env(&["run"], &[("KESTREL_TEST_VERSION", "9.9.9")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("kestrel 9.9.9") && err.contains(ours), "{err}");
+    assert!(
+        !env.warehouse().join("bronze").exists(),
+        "nothing committed"
+    );
+    // The same release runs.
+    env.run_ok(&["run"], 0);
+}
+
 /// On S3 (the moto server the S3 test starts): landing and warehouse on `s3://`, the
 /// cluster processes started with the `[storage]` options of their `--config`. Ingestion
 /// and the jobs over orders give the same tables as a local run on another prefix, and
