@@ -32,20 +32,9 @@ const EVENTS_PER_FILE: usize = 10_000;
 /// 2025-11-20T12:00:00Z.
 const T0_S: i64 = 1_763_640_000;
 
-/// Peak RSS (VmHWM) of process `pid` ("self" for this one), MiB.
-fn peak_mib(pid: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
+#[path = "common/peak.rs"]
+mod peak;
+use peak::peak_mib;
 
 /// A process of a cluster, killed when dropped.
 struct Proc(Child);

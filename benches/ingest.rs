@@ -23,24 +23,9 @@ use kestrel::storage::Location;
 const EVENTS_PER_FILE: usize = 10_000;
 const T0_US: i64 = 1_763_640_000_000_000;
 
-fn reset_peak() {
-    // Linux: writing 5 resets the peak RSS (VmHWM) of the process.
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-fn peak_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
+#[path = "common/peak.rs"]
+mod peak;
+use peak::{peak_mib, reset_peak};
 
 fn generate(landing: &Path, events: usize) -> (Vec<PathBuf>, u64) {
     let dir = landing.join("orders");
@@ -136,7 +121,7 @@ fn main() {
         let t = Instant::now();
         let rows = raw_decode(&files, t_n);
         let raw_s = t.elapsed().as_secs_f64();
-        let raw_peak = peak_mib();
+        let raw_peak = peak_mib("self");
         assert_eq!(rows, events);
         println!(
             "raw arrow-json decode, {t_n} thread(s): {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {raw_peak:.0} MiB",
@@ -168,7 +153,7 @@ fn main() {
                 ing.ingest_source("orders").await
             })
             .unwrap();
-        (t.elapsed().as_secs_f64(), peak_mib(), report)
+        (t.elapsed().as_secs_f64(), peak_mib("self"), report)
     };
     let half = tmp.path().join("half");
     for f in &files[..files.len() / 2] {

@@ -1009,10 +1009,16 @@ async fn dedup(
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut dates = BTreeSet::new();
     for b in &batches {
-        let d = b.column(date_idx).as_primitive::<Date32Type>();
-        dates.extend(d.values().iter().copied());
+        event_dates(b, date_idx, &mut dates);
     }
     dedup_in_dates(batches, bronze, schema, n, &dates).await
+}
+
+/// Add the event dates (days since the epoch) in `b`'s `event_date` column at `idx` to
+/// `into`: what a batch's dedup looks up in bronze.
+pub(crate) fn event_dates(b: &RecordBatch, idx: usize, into: &mut BTreeSet<i32>) {
+    let d = b.column(idx).as_primitive::<Date32Type>();
+    into.extend(d.iter().flatten());
 }
 
 /// [`dedup`] of some of a batch's rows (`batches`, in plan order) against bronze in the

@@ -236,7 +236,7 @@ async fn decode_files(
                 records,
             }) => {
                 if let Some(b) = batch.filter(|b| b.num_rows() > 0) {
-                    super::dates_of(&b, date_idx, &mut dates);
+                    crate::runner::ingest::event_dates(&b, date_idx, &mut dates);
                     batches.push(data_rows(&out, &b, i)?);
                 }
                 FileMeta {

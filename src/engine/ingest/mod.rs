@@ -32,7 +32,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::error::DataFusionError;
 use serde::{Deserialize, Serialize};
@@ -307,16 +306,6 @@ fn collect(task: &IngestTask, rows: &[arrow::array::RecordBatch]) -> Result<Inge
     }
     out.decoded = decoded;
     Ok(out)
-}
-
-/// The event dates (days since the epoch) in `b`'s `event_date` column at `idx`.
-pub(crate) fn dates_of(b: &arrow::array::RecordBatch, idx: usize, into: &mut BTreeSet<i32>) {
-    let d = b.column(idx).as_primitive::<arrow::datatypes::Date32Type>();
-    for i in 0..d.len() {
-        if d.is_valid(i) {
-            into.insert(d.value(i));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -149,7 +149,11 @@ async fn the_stages_ingest_a_batch_as_a_local_batch_does() {
     let valid: usize = rows.iter().map(|b| b.num_rows()).sum();
     let mut dates = BTreeSet::new();
     for b in &rows {
-        dates_of(b, schema.bronze.index_of(EVENT_DATE).unwrap(), &mut dates);
+        crate::runner::ingest::event_dates(
+            b,
+            schema.bronze.index_of(EVENT_DATE).unwrap(),
+            &mut dates,
+        );
     }
     let expected = crate::runner::ingest::dedup_in_dates(rows, &bronze, &schema, 2, &dates)
         .await
