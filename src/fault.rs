@@ -10,7 +10,9 @@
 //! partition of its deferred state), `stream_before_finish` (the loop ended; pending
 //! state not committed). Of a backfill: `backfill_after_day`. Inside a delta-rs commit:
 //! `compaction_commit` (an open-partition compaction's files are written, its commit is
-//! not; see [`FaultStore`]).
+//! not; see [`FaultStore`]). The process dies at the first commit put while any of its
+//! compactions runs — when jobs run side by side, that can be another job's gold or
+//! run-log commit, an ordinary kill point of that job's batch.
 //!
 //! Pause points (`KESTREL_DELAY`): `job_after_compute`, and `job_before_gold_commit`
 //! (a gold table is opened for a batch's commit; a test commits to it meanwhile).

@@ -426,12 +426,16 @@ impl JobRunner {
             (Some(_), true) => super::deferred::read_rows(&self.wh, &spec.name, n).await?,
             _ => None,
         };
+        let mut merged = None;
         let computed = match (gold_done, durable) {
-            (true, Some(result)) if deferred.is_none() || deferred_done.is_some() => Computed {
-                result,
-                late: None,
-                gold: Vec::new(),
-            },
+            (true, Some(result)) if deferred.is_none() || deferred_done.is_some() => {
+                merged = self.written_before(spec, n, deferred.as_deref()).await?;
+                Computed {
+                    result,
+                    late: None,
+                    gold: Vec::new(),
+                }
+            }
             _ => {
                 let mut c = spec
                     .operator
@@ -480,7 +484,6 @@ impl JobRunner {
         }
         fault::point("job_after_late");
         let mut written = counts.windows_recomputed + counts.deleted;
-        let mut merged = None;
         let last = computed.gold.len().saturating_sub(1);
         for (i, out) in computed.gold.into_iter().enumerate() {
             if i > 0 {
@@ -492,7 +495,16 @@ impl JobRunner {
             if deferred.as_ref() == Some(&out.table) {
                 continue; // committed by the stream (`super::deferred`)
             }
-            if let Some(w) = self.merge_gold(spec, out, n).await? {
+            // A resumed batch's recomputed rows for a table the interrupted run already
+            // committed can come out empty (its operator reads that table back); what
+            // the committed rows were is in the commit.
+            let nothing = out.write != Write::Replace && out.rows.iter().all(|b| b.num_rows() == 0);
+            let w = if resumed && nothing {
+                self.written_if_held(&out.table, &out.app, n).await?
+            } else {
+                self.merge_gold(spec, out, n).await?
+            };
+            if let Some(w) = w {
                 *merged.get_or_insert(0) += w;
             }
         }
@@ -546,6 +558,38 @@ impl JobRunner {
     }
 
     /// Whether `table` holds the commit of batch `n` by `app`.
+    /// The rows batch `n`'s gold commits wrote (outputs other than `deferred`), when a
+    /// run killed after them left the batch without its run-log row; None if none of
+    /// them names its rows (as when the batch had nothing to write).
+    async fn written_before(
+        &self,
+        spec: &JobSpec,
+        n: i64,
+        deferred: Option<&str>,
+    ) -> Result<Option<i64>> {
+        let mut written = None;
+        for out in spec.outputs() {
+            if Some(out.table.as_str()) == deferred {
+                continue;
+            }
+            if let Some(w) = self.written_if_held(&out.table, &out.app, n).await? {
+                *written.get_or_insert(0) += w;
+            }
+        }
+        Ok(written)
+    }
+
+    /// The rows `(app, n)`'s commit wrote to `table`, if the table holds it.
+    async fn written_if_held(&self, table: &str, app: &str, n: i64) -> Result<Option<i64>> {
+        let Some(t) = self.wh.open(table).await? else {
+            return Ok(None);
+        };
+        if !delta::holds(&t, app, n).await? {
+            return Ok(None);
+        }
+        delta::written_by(&t, app, n).await
+    }
+
     async fn committed(&self, table: &str, app: &str, n: i64) -> Result<bool> {
         Ok(match self.wh.open(table).await? {
             Some(t) => delta::holds(&t, app, n).await?,
@@ -597,7 +641,8 @@ impl JobRunner {
     async fn merge_gold_once(&self, spec: &JobSpec, out: &GoldRows, n: i64) -> Result<Option<i64>> {
         let (table, out) = self.open_gold(out.clone()).await?;
         if delta::holds(&table, &out.app, n).await? {
-            return Ok(None);
+            // Committed by a run killed before its run-log row: report what it wrote.
+            return delta::written_by(&table, &out.app, n).await;
         }
         fault::pause("job_before_gold_commit").await;
         if out.write != Write::Merge {

@@ -354,9 +354,54 @@ where
     commit(table).await.map(Some)
 }
 
-/// Commit properties carrying an application transaction.
+/// Commit properties carrying an application transaction. The commit's `commitInfo`
+/// names it too (`kestrel.txn`), so [`written_by`] can find the commit again.
 pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
-    commit_props().with_application_transaction(Transaction::new(app_id, version))
+    commit_props()
+        .with_application_transaction(Transaction::new(app_id, version))
+        .with_metadata([(
+            TXN_INFO_KEY.to_string(),
+            serde_json::json!({ "app": app_id, "version": version }),
+        )])
+}
+
+/// The `commitInfo` field naming the application transaction a kestrel commit carries.
+pub const TXN_INFO_KEY: &str = "kestrel.txn";
+
+/// How many of a table's newest commits [`written_by`] reads looking for a transaction.
+const WRITTEN_SEARCH_COMMITS: usize = 64;
+
+/// The rows the commit carrying `(app_id, version)` wrote — a MERGE's updated, inserted
+/// and deleted rows, a write's added rows — from the metrics delta-rs keeps in its
+/// `commitInfo`. None when it is not among the table's newest commits (or names no
+/// metrics). A batch resumed after a kill between its gold commit and its run-log row
+/// reports with it what the killed process wrote, as an uninterrupted batch does.
+pub async fn written_by(table: &DeltaTable, app_id: &str, version: i64) -> Result<Option<i64>> {
+    use futures::TryStreamExt;
+    let url = table.table_url().to_string();
+    let mut infos = table.history(Some(WRITTEN_SEARCH_COMMITS));
+    while let Some(info) = infos.try_next().await.map_err(|e| Error::delta(&url, e))? {
+        let ours = info.info.get(TXN_INFO_KEY).is_some_and(|t| {
+            t.get("app").and_then(|a| a.as_str()) == Some(app_id)
+                && t.get("version").and_then(|v| v.as_i64()) == Some(version)
+        });
+        if !ours {
+            continue;
+        }
+        let Some(m) = info.info.get("operationMetrics") else {
+            return Ok(None);
+        };
+        let n = |k: &str| m.get(k).and_then(|v| v.as_i64());
+        return Ok(match n("num_target_rows_inserted") {
+            Some(inserted) => Some(
+                inserted
+                    + n("num_target_rows_updated").unwrap_or(0)
+                    + n("num_target_rows_deleted").unwrap_or(0),
+            ),
+            None => n("num_added_rows"),
+        });
+    }
+    Ok(None)
 }
 
 /// Commit properties of every kestrel commit: no expired-log cleanup after the commit.
@@ -894,6 +939,17 @@ mod tests {
         let table = wh.open("gold/t").await.unwrap().expect("the table");
         assert_eq!(table.version(), Some(11));
         assert_eq!(txn_version(&table, "app").await.unwrap(), Some(11));
+        // What each transaction's commit wrote is found again (a resumed batch's count):
+        // batch 1 inserted key 1, batch 11 updated key 2; an unknown one names nothing.
+        assert_eq!(written_by(&table, "app", 1).await.unwrap(), Some(1));
+        assert_eq!(written_by(&table, "app", 11).await.unwrap(), Some(1));
+        assert_eq!(written_by(&table, "app", 12).await.unwrap(), None);
+        assert_eq!(written_by(&table, "other", 11).await.unwrap(), None);
+        let log = wh.open_or_create("gold/log", &schema, &[]).await.unwrap();
+        let log = append(log, vec![batch(vec![1, 2, 3], 0)], &[], "w", 7)
+            .await
+            .unwrap();
+        assert_eq!(written_by(&log, "w", 7).await.unwrap(), Some(3));
         let ctx = session_with(&table, "t").await.unwrap();
         let got = sql(&ctx, "SELECT k, v FROM t ORDER BY k").await.unwrap();
         let v: Vec<i64> = got

@@ -358,7 +358,7 @@ fn kill_9_between_compute_and_commit_then_rerun_gives_identical_tables() {
         ],
         &skip,
     );
-    let runs = "SELECT name, batch_id, rows_in, rows_applied, too_late, windows_recomputed, windows_deleted, corrections, to_unixtime(watermark) FROM t WHERE kind = 'job' ORDER BY name, batch_id";
+    let runs = "SELECT name, batch_id, rows_in, rows_written, rows_applied, too_late, windows_recomputed, windows_deleted, corrections, to_unixtime(watermark) FROM t WHERE kind = 'job' ORDER BY name, batch_id";
     assert_eq!(
         env.query("_kestrel/runs", runs),
         clean.query("_kestrel/runs", runs)
