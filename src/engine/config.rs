@@ -6,6 +6,7 @@
 //! scheduler = "df://10.0.0.5:50050" # required with kind = "ballista"
 //! fallback = "local"                # default "none": an unreachable scheduler fails the run
 //! parallel_days = 4                 # backfill days recomputed at once on the cluster
+//! job_timeout = "1h"                # a cluster job without a result by then fails ("0": never)
 //! ```
 
 use crate::error::{Error, Result};
@@ -39,10 +40,18 @@ pub struct EngineConfig {
     pub fallback: Fallback,
     /// Backfill days recomputed at once on the cluster (locally: one at a time).
     pub parallel_days: usize,
+    /// A cluster job with no result after this fails its batch (None: wait forever);
+    /// see [`super::deadline`].
+    pub job_timeout: Option<std::time::Duration>,
 }
 
 /// Default of `[engine] parallel_days`.
 pub const PARALLEL_DAYS: usize = 4;
+
+/// Default of `[engine] job_timeout`: far beyond any job of a five-minute batch or of a
+/// backfill day at Kestrel's scale, short enough that a lost job does not stall the
+/// pipeline for longer than an hour.
+pub const JOB_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -51,6 +60,7 @@ impl Default for EngineConfig {
             scheduler: None,
             fallback: Fallback::default(),
             parallel_days: PARALLEL_DAYS,
+            job_timeout: Some(JOB_TIMEOUT),
         }
     }
 }
@@ -95,11 +105,21 @@ impl EngineConfig {
                             )
                         })? as usize;
                 }
+                "job_timeout" => {
+                    let d = crate::config::parse_duration(s()?).map_err(|e| {
+                        Error::config(
+                            file,
+                            &field,
+                            format!("a duration such as \"1h\", or \"0\" for none ({e})"),
+                        )
+                    })?;
+                    cfg.job_timeout = (!d.is_zero()).then_some(d);
+                }
                 other => {
                     return Err(Error::config(
                         file,
                         format!("engine.{other}"),
-                        "one of kind, scheduler, fallback, parallel_days",
+                        "one of kind, scheduler, fallback, parallel_days, job_timeout",
                     ))
                 }
             }
@@ -164,6 +184,10 @@ mod tests {
         assert_eq!(c.kind, EngineKind::Ballista);
         assert_eq!(c.parallel_days, PARALLEL_DAYS);
         assert_eq!(parse("parallel_days = 8").unwrap().parallel_days, 8);
+        assert_eq!(c.job_timeout, Some(JOB_TIMEOUT));
+        let t = parse("job_timeout = \"90s\"").unwrap().job_timeout;
+        assert_eq!(t, Some(std::time::Duration::from_secs(90)));
+        assert_eq!(parse("job_timeout = \"0\"").unwrap().job_timeout, None);
         assert_eq!(c.fallback, Fallback::Local);
         assert_eq!(scheduler_addr("df://h:7").unwrap(), ("h".into(), 7));
         assert_eq!(scheduler_addr("df://h").unwrap(), ("h".into(), 50050));
@@ -175,6 +199,8 @@ mod tests {
             ("nodes = 3", "engine.nodes"),
             ("parallel_days = 0", "engine.parallel_days"),
             ("parallel_days = \"4\"", "engine.parallel_days"),
+            ("job_timeout = \"soon\"", "engine.job_timeout"),
+            ("job_timeout = 60", "engine.job_timeout"),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.starts_with(&format!("k.toml: field `{field}`")), "{e}");

@@ -29,7 +29,11 @@ pub async fn read_port(engine: &EngineConfig, wh: &Warehouse) -> Result<Option<C
         Ok(endpoint) => {
             probe(&endpoint, &url).await?;
             tracing::info!(scheduler = %url, "reads and aggregates run on the cluster");
-            Ok(Some(ClusterPort::new(wh.clone(), endpoint)))
+            Ok(Some(ClusterPort::new(
+                wh.clone(),
+                endpoint,
+                engine.job_timeout,
+            )))
         }
         Err(e @ EngineError::Unreachable { .. }) if engine.fallback == Fallback::Local => {
             tracing::warn!("{e}; running locally (engine.fallback = \"local\")");
@@ -87,7 +91,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 /// working cluster runs one kestrel version. An error that is not a refusal is left to
 /// the run (the probe then costs nothing more than a failed job).
 pub async fn probe(endpoint: &str, url: &str) -> std::result::Result<(), EngineError> {
-    let ctx = super::port::cluster_session(endpoint);
+    let ctx = super::port::cluster_session(endpoint, None); // bounded below
     let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Utf8, true),
     ]));

@@ -14,6 +14,7 @@
 //! - [`port`]: the read port whose sessions execute remotely.
 //! - [`codec`]: kestrel's plan codec (in-memory tables such as a keyed read's keys, and
 //!   the version check), registered on the client, the scheduler and the executors.
+//! - [`deadline`]: `[engine] job_timeout`, a bound on every cluster job.
 //! - [`cluster`]: `kestrel cluster scheduler|executor`, Ballista's processes embedded.
 //! - [`stores`]: the object stores a cluster process reads the warehouse with.
 //! - [`ingest`]: a batch's decode, dedup and bronze write as a distributed stage.
@@ -22,6 +23,7 @@ pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod connect;
+pub mod deadline;
 pub mod ingest;
 pub mod port;
 pub mod stores;
@@ -55,6 +57,9 @@ pub enum EngineError {
         ours: String,
         reason: String,
     },
+    /// A cluster job gave no result within `[engine] job_timeout`.
+    #[error("the cluster job gave no result within [engine] job_timeout ({timeout}); the scheduler may have lost it (Ballista's adaptive planner after a lost executor: see its log for \"is not in running\"); nothing of the batch is committed and the next run resumes it")]
+    JobTimeout { timeout: String },
     /// A cluster process could not start.
     #[error("{what}: {reason}")]
     Process { what: String, reason: String },

@@ -35,13 +35,19 @@ use crate::sink::delta::{self, Warehouse};
 pub struct ClusterPort {
     wh: Warehouse,
     scheduler: String,
+    job_timeout: Option<std::time::Duration>,
 }
 
 impl ClusterPort {
     /// Reads of `wh`'s tables planned and run by the scheduler at `scheduler`
-    /// (`http://host:port`, see [`super::connect`]).
-    pub fn new(wh: Warehouse, scheduler: String) -> Self {
-        ClusterPort { wh, scheduler }
+    /// (`http://host:port`, see [`super::connect`]), each job bounded by `job_timeout`
+    /// ([`super::deadline`]).
+    pub fn new(wh: Warehouse, scheduler: String, job_timeout: Option<std::time::Duration>) -> Self {
+        ClusterPort {
+            wh,
+            scheduler,
+            job_timeout,
+        }
     }
 
     /// The scheduler's address.
@@ -238,13 +244,17 @@ impl ReadPort for ClusterPort {
     /// A session configured as every kestrel read ([`delta::session_config`]) whose
     /// plans the scheduler runs, with kestrel's codec.
     fn session(&self) -> SessionContext {
-        cluster_session(&self.scheduler)
+        cluster_session(&self.scheduler, self.job_timeout)
     }
 }
 
 /// A session whose plans the scheduler at `scheduler` (`http://host:port`) runs,
-/// configured as every kestrel read, with kestrel's codecs.
-pub fn cluster_session(scheduler: &str) -> SessionContext {
+/// configured as every kestrel read, with kestrel's codecs; each of its jobs fails once
+/// it has run for `job_timeout` ([`super::deadline`]).
+pub fn cluster_session(
+    scheduler: &str,
+    job_timeout: Option<std::time::Duration>,
+) -> SessionContext {
     let config = delta::session_config()
         .upgrade_for_ballista()
         .with_ballista_logical_extension_codec(super::codec::logical())
@@ -254,7 +264,16 @@ pub fn cluster_session(scheduler: &str) -> SessionContext {
         .with_default_features()
         .build();
     match state.clone().upgrade_for_ballista(scheduler.to_string()) {
-        Ok(s) => SessionContext::new_with_state(s),
+        Ok(s) => match job_timeout {
+            Some(t) => {
+                let planner = super::deadline::DeadlinePlanner::new(s.query_planner().clone(), t);
+                let s = SessionStateBuilder::new_from_existing(s)
+                    .with_query_planner(Arc::new(planner))
+                    .build();
+                SessionContext::new_with_state(s)
+            }
+            None => SessionContext::new_with_state(s),
+        },
         Err(e) => {
             // Only a malformed configuration fails here, and connect() checked it.
             tracing::error!(error = %e, "cannot configure a cluster session; reading locally");

@@ -212,6 +212,9 @@ fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
     let mut c = cluster();
     let local = Env::new();
     let remote = on_cluster(&c.url, "none");
+    let toml = remote.path().join("kestrel.toml");
+    let with_timeout = std::fs::read_to_string(&toml).unwrap() + "job_timeout = \"90s\"\n";
+    std::fs::write(&toml, with_timeout).unwrap();
     for (i, bucket) in buckets(&files).into_iter().enumerate() {
         land_all(&local, &bucket);
         land_all(&remote, &bucket);
@@ -238,12 +241,13 @@ fn a_replay_on_the_cluster_gives_the_tables_of_a_local_run() {
         killed.child.kill().unwrap();
         killed.child.wait().unwrap();
         // Ballista 55's adaptive planner can lose a two-stage job whose finished stage
-        // ran on the killed executor ("Stage … is not in running"): the run then waits
-        // forever. An operator kills such a run; so does this test after two minutes,
-        // and the rerun must still give identical tables.
+        // ran on the killed executor ("Stage … is not in running"): the run's
+        // `job_timeout` (90 s here) then fails it with one line (this test kills it
+        // only if that did not happen within three minutes), and the rerun must still
+        // give identical tables.
         let mut run = run;
         let mut waited = 0;
-        while run.try_wait().unwrap().is_none() && waited < 1200 {
+        while run.try_wait().unwrap().is_none() && waited < 1800 {
             waited += 1;
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
@@ -429,6 +433,51 @@ fn a_kestrel_of_another_version_is_refused_with_both_versions_named() {
     );
     // The same release runs.
     env.run_ok(&["run"], 0);
+}
+
+/// `[engine] job_timeout`: a cluster job without a result by then fails its batch with
+/// one line naming the setting, and nothing of it is committed (Ballista's adaptive
+/// planner can lose a job for good; see `engine::deadline`). The next run, with the
+/// default timeout, resumes the batch and gives the tables of a local run.
+#[test]
+fn a_cluster_job_past_job_timeout_fails_the_batch_and_the_next_run_resumes_it() {
+    let c = cluster();
+    let config = |extra: &str| {
+        format!(
+            "landing = \"landing\"\nwarehouse = \"warehouse\"\n[engine]\nkind = \"ballista\"\nscheduler = \"{}\"\n{extra}",
+            c.url
+        )
+    };
+    let env = Env::new();
+    std::fs::write(
+        env.path().join("kestrel.toml"),
+        config("job_timeout = \"1ms\"\n"),
+    )
+    .unwrap();
+    let local = Env::new();
+    let orders = lines(&[
+        order("e1", T0, "o1", "s1", 1, 100),
+        order("e2", T0 + 60, "o2", "s2", 2, 250),
+    ]);
+    for e in [&env, &local] {
+        e.land("orders/a.jsonl", &orders, T0);
+    }
+    let err = env.fails_one_line(&["run"]);
+    assert!(err.contains("[engine] job_timeout (1ms)"), "{err}");
+    assert!(
+        env.snapshot("bronze/orders", &[]).is_empty(),
+        "nothing committed"
+    );
+    std::fs::write(env.path().join("kestrel.toml"), config("")).unwrap();
+    env.run_ok(&["run"], 0);
+    local.run_ok(&["run"], 0);
+    env.assert_same_tables(
+        &local,
+        &["bronze/orders", "gold/revenue_5m", "gold/revenue_1h"],
+        &["_ingested_at", "_updated_at"],
+    );
+    assert_eq!(env.snapshot("bronze/orders", &[]).len(), 2);
+    drop(c);
 }
 
 /// On S3 (the moto server the S3 test starts): landing and warehouse on `s3://`, the
