@@ -27,6 +27,8 @@ pub struct App {
     pub parallel_jobs: usize,
     /// Where the jobs' reads run (`[engine]`): see [`App::with_engine`].
     engine: crate::engine::EngineConfig,
+    /// The cluster the reads run on, if any.
+    cluster: Option<crate::engine::port::ClusterPort>,
 }
 
 /// What one `run` did: per source and per job, and what failed (a failed source does
@@ -85,6 +87,7 @@ impl App {
             runner,
             parallel_jobs,
             engine,
+            cluster: None,
         })
     }
 
@@ -101,7 +104,11 @@ impl App {
             1
         };
         self.ingestor = self.ingestor.with_cluster(cluster.clone().map(Arc::new));
-        self.runner = self.runner.with_cluster(cluster).with_parallel_days(days);
+        self.runner = self
+            .runner
+            .with_cluster(cluster.clone())
+            .with_parallel_days(days);
+        self.cluster = cluster;
         Ok(self)
     }
 
@@ -173,6 +180,9 @@ impl App {
     /// to it), then run `jobs` (empty: all; a streamed job is reported as skipped),
     /// `parallel_jobs` at once.
     pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
+        if let Some(c) = &self.cluster {
+            c.new_run();
+        }
         let jobs = self.select_jobs(jobs)?;
         let sources = self.select_sources(sources)?;
         let streamed = self.streams().await?;

@@ -91,7 +91,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 /// working cluster runs one kestrel version. An error that is not a refusal is left to
 /// the run (the probe then costs nothing more than a failed job).
 pub async fn probe(endpoint: &str, url: &str) -> std::result::Result<(), EngineError> {
-    let ctx = super::port::cluster_session(endpoint, None); // bounded below
+    let ctx = super::port::cluster_session(endpoint, None, &Default::default()); // bounded below
     let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
         arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Utf8, true),
     ]));

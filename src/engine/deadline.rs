@@ -8,6 +8,11 @@
 //! the job has run for the timeout. The batch then fails like any other failed read —
 //! nothing of it is committed, its lease is released, and the next run (or the daemon's
 //! next tick) resumes it from its durable plan.
+//!
+//! A cluster that lost one job usually runs none for a while (its executor is gone, the
+//! scheduler still counts the lost job's slots): once a job of a run has timed out, the
+//! run's later plans fail at once with the same error ([`Lost`]) instead of each waiting
+//! out the timeout; the next run tries the cluster again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,17 +33,55 @@ use futures::StreamExt;
 
 use super::EngineError;
 
+/// Whether a cluster job of the current run gave no result within its timeout; shared
+/// by every session of one [`super::port::ClusterPort`] (and its clones).
+#[derive(Debug, Clone, Default)]
+pub struct Lost(Arc<std::sync::atomic::AtomicBool>);
+
+impl Lost {
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A new run: try the cluster again.
+    pub fn clear(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Plans as `inner` does, then bounds each plan's run by `timeout`.
 #[derive(Debug)]
 pub struct DeadlinePlanner {
     inner: Arc<dyn QueryPlanner + Send + Sync>,
     timeout: Duration,
+    lost: Lost,
 }
 
 impl DeadlinePlanner {
-    pub fn new(inner: Arc<dyn QueryPlanner + Send + Sync>, timeout: Duration) -> Self {
-        DeadlinePlanner { inner, timeout }
+    pub fn new(inner: Arc<dyn QueryPlanner + Send + Sync>, timeout: Duration, lost: Lost) -> Self {
+        DeadlinePlanner {
+            inner,
+            timeout,
+            lost,
+        }
     }
+}
+
+/// The error of a job past `timeout` (`earlier`: another job of the run was).
+fn timed_out(timeout: Duration, earlier: bool) -> DataFusionError {
+    let e = EngineError::JobTimeout {
+        timeout: humanised(timeout),
+        earlier: if earlier {
+            " (by an earlier job of this run: not submitted)"
+        } else {
+            ""
+        },
+    };
+    DataFusionError::External(Box::new(e))
 }
 
 #[async_trait]
@@ -48,11 +91,18 @@ impl QueryPlanner for DeadlinePlanner {
         logical_plan: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.lost.is_set() {
+            return Err(timed_out(self.timeout, true));
+        }
         let plan = self
             .inner
             .create_physical_plan(logical_plan, session)
             .await?;
-        Ok(Arc::new(DeadlineExec::new(plan, self.timeout)))
+        Ok(Arc::new(DeadlineExec::new(
+            plan,
+            self.timeout,
+            self.lost.clone(),
+        )))
     }
 }
 
@@ -62,11 +112,16 @@ impl QueryPlanner for DeadlinePlanner {
 pub struct DeadlineExec {
     input: Arc<dyn ExecutionPlan>,
     timeout: Duration,
+    lost: Lost,
 }
 
 impl DeadlineExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>, timeout: Duration) -> Self {
-        DeadlineExec { input, timeout }
+    pub fn new(input: Arc<dyn ExecutionPlan>, timeout: Duration, lost: Lost) -> Self {
+        DeadlineExec {
+            input,
+            timeout,
+            lost,
+        }
     }
 }
 
@@ -107,7 +162,11 @@ impl ExecutionPlan for DeadlineExec {
         let input = children.pop().ok_or_else(|| {
             DataFusionError::Internal("KestrelDeadlineExec needs its input".into())
         })?;
-        Ok(Arc::new(DeadlineExec::new(input, self.timeout)))
+        Ok(Arc::new(DeadlineExec::new(
+            input,
+            self.timeout,
+            self.lost.clone(),
+        )))
     }
 
     fn execute(
@@ -117,11 +176,12 @@ impl ExecutionPlan for DeadlineExec {
     ) -> Result<SendableRecordBatchStream> {
         let schema = self.input.schema();
         let input = self.input.execute(partition, context)?;
-        let timeout = self.timeout;
+        let (timeout, lost) = (self.timeout, self.lost.clone());
         let deadline = tokio::time::Instant::now() + timeout;
         // (stream, ended): after the timeout's error the stream ends.
-        let bounded =
-            futures::stream::unfold((input, false), move |(mut input, ended)| async move {
+        let bounded = futures::stream::unfold((input, false), move |(mut input, ended)| {
+            let lost = lost.clone();
+            async move {
                 if ended {
                     return None;
                 }
@@ -129,13 +189,12 @@ impl ExecutionPlan for DeadlineExec {
                     Ok(Some(item)) => Some((item, (input, false))),
                     Ok(None) => None,
                     Err(_) => {
-                        let e = EngineError::JobTimeout {
-                            timeout: humanised(timeout),
-                        };
-                        Some((Err(DataFusionError::External(Box::new(e))), (input, true)))
+                        lost.set();
+                        Some((Err(timed_out(timeout, false)), (input, true)))
                     }
                 }
-            });
+            }
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, bounded)))
     }
 }
@@ -183,7 +242,8 @@ mod tests {
         let quick =
             MemorySourceConfig::try_new_exec(&[vec![batch.clone()]], schema.clone(), None).unwrap();
         let ctx = Arc::new(TaskContext::default());
-        let exec = DeadlineExec::new(quick, Duration::from_secs(5));
+        let lost = Lost::default();
+        let exec = DeadlineExec::new(quick, Duration::from_secs(5), lost.clone());
         let rows: Vec<RecordBatch> = exec
             .execute(0, ctx.clone())
             .unwrap()
@@ -199,7 +259,7 @@ mod tests {
             Boundedness::Bounded,
         );
         let stalled = StalledExec(Arc::new(props));
-        let exec = DeadlineExec::new(Arc::new(stalled), Duration::from_millis(50));
+        let exec = DeadlineExec::new(Arc::new(stalled), Duration::from_millis(50), lost.clone());
         let err = exec
             .execute(0, ctx)
             .unwrap()
@@ -208,6 +268,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("[engine] job_timeout (50ms)"), "{err}");
+        assert!(lost.is_set(), "the run's later jobs fail at once");
+        lost.clear();
+        assert!(!lost.is_set());
     }
 
     /// A plan whose stream never yields (a job the scheduler lost).

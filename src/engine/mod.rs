@@ -58,8 +58,11 @@ pub enum EngineError {
         reason: String,
     },
     /// A cluster job gave no result within `[engine] job_timeout`.
-    #[error("the cluster job gave no result within [engine] job_timeout ({timeout}); the scheduler may have lost it (Ballista's adaptive planner after a lost executor: see its log for \"is not in running\"); nothing of the batch is committed and the next run resumes it")]
-    JobTimeout { timeout: String },
+    #[error("the cluster job gave no result within [engine] job_timeout ({timeout}){earlier}; the scheduler may have lost it (Ballista's adaptive planner after a lost executor: see its log for \"is not in running\"); nothing of the batch is committed and the next run resumes it")]
+    JobTimeout {
+        timeout: String,
+        earlier: &'static str,
+    },
     /// A cluster process could not start.
     #[error("{what}: {reason}")]
     Process { what: String, reason: String },

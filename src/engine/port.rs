@@ -36,6 +36,7 @@ pub struct ClusterPort {
     wh: Warehouse,
     scheduler: String,
     job_timeout: Option<std::time::Duration>,
+    lost: super::deadline::Lost,
 }
 
 impl ClusterPort {
@@ -47,7 +48,14 @@ impl ClusterPort {
             wh,
             scheduler,
             job_timeout,
+            lost: Default::default(),
         }
+    }
+
+    /// Start a run: forget that a job of an earlier run timed out
+    /// ([`super::deadline::Lost`]).
+    pub fn new_run(&self) {
+        self.lost.clear();
     }
 
     /// The scheduler's address.
@@ -244,7 +252,7 @@ impl ReadPort for ClusterPort {
     /// A session configured as every kestrel read ([`delta::session_config`]) whose
     /// plans the scheduler runs, with kestrel's codec.
     fn session(&self) -> SessionContext {
-        cluster_session(&self.scheduler, self.job_timeout)
+        cluster_session(&self.scheduler, self.job_timeout, &self.lost)
     }
 }
 
@@ -254,6 +262,7 @@ impl ReadPort for ClusterPort {
 pub fn cluster_session(
     scheduler: &str,
     job_timeout: Option<std::time::Duration>,
+    lost: &super::deadline::Lost,
 ) -> SessionContext {
     let config = delta::session_config()
         .upgrade_for_ballista()
@@ -266,7 +275,11 @@ pub fn cluster_session(
     match state.clone().upgrade_for_ballista(scheduler.to_string()) {
         Ok(s) => match job_timeout {
             Some(t) => {
-                let planner = super::deadline::DeadlinePlanner::new(s.query_planner().clone(), t);
+                let planner = super::deadline::DeadlinePlanner::new(
+                    s.query_planner().clone(),
+                    t,
+                    lost.clone(),
+                );
                 let s = SessionStateBuilder::new_from_existing(s)
                     .with_query_planner(Arc::new(planner))
                     .build();
