@@ -714,10 +714,14 @@ impl Ingestor {
         } else if rows_written > 0 {
             let t = match deduped {
                 Bronze::Rows(rows) => {
+                    // Encoded on every core, committed in one append with the txn (as
+                    // the cluster's write tasks' files are).
                     let props = delta::bronze_writer_properties(
                         schema.bronze.fields().iter().map(|f| f.name().as_str()),
                     );
-                    delta::append_with(bronze, rows, &[EVENT_DATE], &app, n, Some(props)).await?
+                    let writers = std::thread::available_parallelism().map_or(2, |n| n.get());
+                    let adds = delta::write_files(&bronze, rows, props, writers).await?;
+                    delta::commit_adds(bronze, adds, &app, n).await?
                 }
                 Bronze::Written(adds) => delta::commit_adds(bronze, adds, &app, n).await?,
             };

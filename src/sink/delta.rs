@@ -560,6 +560,84 @@ async fn write_append(
     r
 }
 
+/// Rows a Parquet writer of [`write_files`] gets at least: below this a batch is
+/// encoded by one writer (one file per partition), so small batches add no files.
+pub const ROWS_PER_WRITER: usize = 250_000;
+
+/// Encode `batches` (of `table`'s schema) into new Parquet files of `table`, one file per
+/// partition value and writer, without committing them; returns their add actions, to
+/// commit with [`commit_adds`]. The rows are cut into up to `writers` runs of about the
+/// same size (none under [`ROWS_PER_WRITER`]), each encoded on its own task: encoding
+/// is most of the cost of a bronze write, and delta-rs's write encodes each partition on
+/// one core — a batch of one event date left the other core idle.
+pub async fn write_files(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+    props: WriterProperties,
+    writers: usize,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let url = table.table_url().to_string();
+    let t = std::time::Instant::now();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let writers = writers.clamp(1, (rows / ROWS_PER_WRITER).max(1));
+    let tasks: Vec<_> = split_rows(batches, rows.div_ceil(writers).max(1))
+        .into_iter()
+        .map(|run| {
+            let (table, props, url) = (table.clone(), props.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut w = deltalake::writer::RecordBatchWriter::for_table(&table)
+                    .map_err(|e| Error::delta(&url, e))?
+                    .with_writer_properties(props);
+                for b in run {
+                    deltalake::writer::DeltaWriter::write(&mut w, b)
+                        .await
+                        .map_err(|e| Error::delta(&url, e))?;
+                }
+                deltalake::writer::DeltaWriter::flush(&mut w)
+                    .await
+                    .map_err(|e| Error::delta(&url, e))
+            })
+        })
+        .collect();
+    let mut adds = Vec::new();
+    for task in tasks {
+        let written = task.await.map_err(|source| Error::Task {
+            what: format!("a Parquet writer of {}", shown(url.clone())),
+            source,
+        })??;
+        adds.extend(written);
+    }
+    super::timings::record(
+        format!("encode {}", super::timings::table_name(&url)),
+        t.elapsed(),
+    );
+    Ok(adds)
+}
+
+/// `batches` cut into consecutive runs of `per_run` rows (the last may be shorter),
+/// slicing batches where a run ends; no rows are copied.
+fn split_rows(batches: Vec<RecordBatch>, per_run: usize) -> Vec<Vec<RecordBatch>> {
+    let mut runs = vec![Vec::new()];
+    let mut in_run = 0;
+    for b in batches {
+        let mut offset = 0;
+        while offset < b.num_rows() {
+            if in_run == per_run {
+                runs.push(Vec::new());
+                in_run = 0;
+            }
+            let take = (per_run - in_run).min(b.num_rows() - offset);
+            if let Some(run) = runs.last_mut() {
+                run.push(b.slice(offset, take));
+            }
+            offset += take;
+            in_run += take;
+        }
+    }
+    runs.retain(|r| !r.is_empty());
+    runs
+}
+
 /// Commit files another process wrote into `table` (a cluster's executors, see
 /// [`crate::engine::ingest`]) as one append carrying `(app_id, version)`: the way Spark
 /// commits the files its tasks wrote. A file no commit names is never read, and vacuum
@@ -974,6 +1052,99 @@ mod tests {
             shown.contains("file:///") && !shown.contains(LOCAL_TABLE_SCHEME),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn rows_are_cut_into_runs_of_equal_size_across_batches() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch = |a: i64, b: i64| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(a..b))],
+            )
+            .unwrap()
+        };
+        let runs = split_rows(vec![batch(0, 5), batch(5, 12), batch(12, 13)], 4);
+        let sizes: Vec<Vec<usize>> = runs
+            .iter()
+            .map(|r| r.iter().map(|b| b.num_rows()).collect())
+            .collect();
+        assert_eq!(sizes, vec![vec![4], vec![1, 3], vec![4], vec![1]]);
+        let keys: Vec<i64> = runs
+            .iter()
+            .flatten()
+            .flat_map(|b| {
+                let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                a.values().to_vec()
+            })
+            .collect();
+        assert_eq!(keys, (0..13).collect::<Vec<_>>());
+        assert!(split_rows(Vec::new(), 4).is_empty());
+    }
+
+    /// Two writers encode a batch of two partitions into four files, committed as one
+    /// append carrying the txn: every row once; a small batch gets one writer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn files_of_parallel_writers_commit_as_one_append_of_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        );
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Utf8, false),
+        ]));
+        let n = 2 * ROWS_PER_WRITER as i64 + 10;
+        let day = |k: i64| {
+            if k % 3 == 0 {
+                "2026-01-01"
+            } else {
+                "2026-01-02"
+            }
+        };
+        let batches: Vec<RecordBatch> = (0..4)
+            .map(|q| {
+                let ks: Vec<i64> = (q * n / 4..(q + 1) * n / 4).collect();
+                let ds: Vec<&str> = ks.iter().map(|k| day(*k)).collect();
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(ks)),
+                        Arc::new(arrow::array::StringArray::from(ds)),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        let table = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
+        let props = WriterProperties::builder().build();
+        let adds = write_files(&table, batches, props.clone(), 8)
+            .await
+            .unwrap();
+        assert_eq!(adds.len(), 4, "two writers, two partitions");
+        let table = commit_adds(table, adds, "w", 1).await.unwrap();
+        assert_eq!(txn_version(&table, "w").await.unwrap(), Some(1));
+        let ctx = session_with(&table, "t").await.unwrap();
+        let got = sql(&ctx, "SELECT count(*), count(DISTINCT k), sum(k), sum(CASE WHEN d = '2026-01-01' THEN 1 ELSE 0 END) FROM t").await.unwrap();
+        let col = |i: usize| {
+            arrow::compute::cast(got[0].column(i), &DataType::Int64)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0)
+        };
+        assert_eq!((col(0), col(1), col(2)), (n, n, n * (n - 1) / 2));
+        assert_eq!(col(3), (0..n).filter(|k| k % 3 == 0).count() as i64);
+        let small = vec![RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(arrow::array::StringArray::from(vec!["2026-01-01"; 2])),
+            ],
+        )
+        .unwrap()];
+        assert_eq!(write_files(&table, small, props, 8).await.unwrap().len(), 1);
     }
 
     /// Writers (`run`, the daemon, a backfill) racing to create one table: the losers

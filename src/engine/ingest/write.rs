@@ -17,7 +17,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, Partitioning, PlanProperties,
     SendableRecordBatchStream,
 };
-use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use futures::{StreamExt, TryStreamExt};
 
 use super::{df_err, output_schema, Counts, IngestTask, FILE_META, ORDER};
@@ -245,17 +244,11 @@ async fn write_partition(
         .await?;
         counts.written = kept.iter().map(|b| b.num_rows() as u64).sum();
         if task.write && counts.written > 0 {
-            let url = bronze.table_url().to_string();
             let props = delta::bronze_writer_properties(
                 schema.bronze.fields().iter().map(|f| f.name().as_str()),
             );
-            let mut w = RecordBatchWriter::for_table(&bronze)
-                .map_err(|e| Error::delta(&url, e))?
-                .with_writer_properties(props);
-            for b in kept {
-                w.write(b).await.map_err(|e| Error::delta(&url, e))?;
-            }
-            for add in w.flush().await.map_err(|e| Error::delta(&url, e))? {
+            // One writer: the executor's other cores run the other write tasks.
+            for add in delta::write_files(&bronze, kept, props, 1).await? {
                 kinds.push("add");
                 jsons.push(serde_json::to_string(&add).map_err(|e| stage_err("an add action", e))?);
             }
