@@ -190,6 +190,67 @@ fn main() {
         k_peak / h_peak
     );
 
+    // bronze encoding, side by side on the same rows: one writer (as delta-rs's write
+    // encodes a batch of one event date) against one per core (`delta::write_files`).
+    // Files are written and not committed, three alternating rounds.
+    let (one, many) = rt.block_on(async {
+        use kestrel::sink::delta::{self, Warehouse};
+        let loc = Location::open(
+            tmp.path().join("warehouse").to_str().unwrap(),
+            &Default::default(),
+            false,
+        )
+        .unwrap();
+        let wh = Warehouse::new(loc);
+        let bronze = wh.open("bronze/orders").await.unwrap().unwrap();
+        let fields = bronze.snapshot().unwrap().snapshot().arrow_schema();
+        let cols: Vec<String> = fields
+            .fields()
+            .iter()
+            .map(|f| format!("\"{}\"", f.name()))
+            .collect();
+        let ctx = delta::session_with(&bronze, "t").await.unwrap();
+        let q = format!("SELECT {} FROM t LIMIT 1400000", cols.join(", "));
+        // As the table holds them (a read gives strings as views).
+        let target = std::sync::Arc::new(arrow::datatypes::Schema::new(fields.fields().clone()));
+        let rows: Vec<arrow::array::RecordBatch> = delta::sql(&ctx, &q)
+            .await
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let cols = b
+                    .columns()
+                    .iter()
+                    .zip(target.fields())
+                    .map(|(c, f)| arrow::compute::cast(c, f.data_type()).unwrap())
+                    .collect();
+                arrow::array::RecordBatch::try_new(target.clone(), cols).unwrap()
+            })
+            .collect();
+        let n: usize = rows.iter().map(|b| b.num_rows()).sum();
+        let names: Vec<String> = fields.fields().iter().map(|f| f.name().clone()).collect();
+        let props = delta::bronze_writer_properties(names.iter().map(String::as_str));
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            for (writers, out) in [(1, &mut one), (threads, &mut many)] {
+                let t = Instant::now();
+                let adds = delta::write_files(&bronze, rows.clone(), props.clone(), writers)
+                    .await
+                    .unwrap();
+                out.push(t.elapsed().as_secs_f64());
+                assert!(!adds.is_empty());
+            }
+        }
+        one.sort_by(f64::total_cmp);
+        many.sort_by(f64::total_cmp);
+        println!(
+            "bronze encoding of {n} rows: 1 writer {:.2} s, {threads} writers {:.2} s (medians of 3)",
+            one[1], many[1]
+        );
+        (one[1], many[1])
+    });
+    println!("ratio bronze encoding, 1 writer / {threads} writers: {:.2}", one / many);
+
     // discovery cost vs landing size
     for existing in [1_000usize, 20_000] {
         let d = tempfile::tempdir().unwrap();
