@@ -249,7 +249,10 @@ fn main() {
         );
         (one[1], many[1])
     });
-    println!("ratio bronze encoding, 1 writer / {threads} writers: {:.2}", one / many);
+    println!(
+        "ratio bronze encoding, 1 writer / {threads} writers: {:.2}",
+        one / many
+    );
 
     // discovery cost vs landing size
     for existing in [1_000usize, 20_000] {
