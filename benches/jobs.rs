@@ -152,37 +152,47 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The MERGEs gold gets in a site: kestrel's own, or delta-rs's operation.
+const MERGES: [(&str, bool); 2] = [("kestrel", false), ("delta-rs", true)];
+
 async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spec: &JobSpec) {
+    // Four warehouses: 1 and 30 days of history, each MERGEd by kestrel and by delta-rs
+    // (the same rows, side by side in one run).
     let mut sites = Vec::new();
-    for days in [1i64, 30] {
-        let site = Site::new(base.join(format!("h{days}")), schemas, &[spec]);
-        let t = Instant::now();
-        for d in 0..days {
-            let start = DAY0 - (days - d) * DAY;
-            let p = site.dir.join(format!("landing/orders/h{d:04}.ndjson"));
-            write_orders(
-                &p,
-                20_000,
-                (d as usize) * 20_000,
-                start,
-                DAY,
-                start + DAY + 60,
+    for (merge, delta_rs) in MERGES {
+        kestrel::sink::merge::use_delta_rs(delta_rs);
+        for days in [1i64, 30] {
+            let site = Site::new(base.join(format!("h{days}-{merge}")), schemas, &[spec]);
+            let t = Instant::now();
+            for d in 0..days {
+                let start = DAY0 - (days - d) * DAY;
+                let p = site.dir.join(format!("landing/orders/h{d:04}.ndjson"));
+                write_orders(
+                    &p,
+                    20_000,
+                    (d as usize) * 20_000,
+                    start,
+                    DAY,
+                    start + DAY + 60,
+                );
+                site.step().await;
+            }
+            println!(
+                "history {days:>2} d ({merge} MERGE): built in {:.1} s ({} job batches)",
+                t.elapsed().as_secs_f64(),
+                days
             );
-            site.step().await;
+            sites.push(((merge, delta_rs, days), site));
         }
-        println!(
-            "history {days:>2} d: built in {:.1} s ({} job batches)",
-            t.elapsed().as_secs_f64(),
-            days
-        );
-        sites.push((days, site));
     }
-    let mut times: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+    type Profile = BTreeMap<String, (u64, std::time::Duration)>;
+    let mut times: BTreeMap<(&str, i64), Vec<f64>> = BTreeMap::new();
     let profile = std::env::var("KESTREL_AGE_PROFILE").is_ok();
-    let mut profiles: BTreeMap<i64, BTreeMap<String, (u64, std::time::Duration)>> = BTreeMap::new();
+    let mut profiles: BTreeMap<(&str, i64), Profile> = BTreeMap::new();
     kestrel::sink::timings::take();
     for round in 0..ROUNDS {
-        for (days, site) in &sites {
+        for ((merge, delta_rs, days), site) in &sites {
+            kestrel::sink::merge::use_delta_rs(*delta_rs);
             let start = DAY0 + round * 300;
             let p = site.dir.join(format!("landing/orders/n{round:04}.ndjson"));
             write_orders(
@@ -196,10 +206,10 @@ async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spe
             let (ingest_s, job_s) = site.step().await;
             let job_s = job_s[0];
             println!(
-                "round {round}: {days:>2} d of history: ingest {ingest_s:.2} s, revenue_5m batch {job_s:.2} s"
+                "round {round}: {days:>2} d of history, {merge} MERGE: ingest {ingest_s:.2} s, revenue_5m batch {job_s:.2} s"
             );
-            times.entry(*days).or_default().push(job_s);
-            let p = profiles.entry(*days).or_default();
+            times.entry((*merge, *days)).or_default().push(job_s);
+            let p = profiles.entry((*merge, *days)).or_default();
             for (k, (n, d)) in kestrel::sink::timings::take() {
                 let e = p.entry(k).or_default();
                 e.0 += n;
@@ -207,27 +217,41 @@ async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spe
             }
         }
     }
+    kestrel::sink::merge::use_delta_rs(false);
     if profile {
         // Where a batch's time went, per storage operation and table, side by side.
-        let (one, thirty) = (&profiles[&1], &profiles[&30]);
-        let keys: std::collections::BTreeSet<&String> = one.keys().chain(thirty.keys()).collect();
-        let mut keys: Vec<&String> = keys.into_iter().collect();
-        keys.sort_by_key(|k| std::cmp::Reverse(thirty.get(*k).map_or(0, |e| e.1.as_micros())));
-        println!("  ms per batch:    1 d     30 d");
-        for k in keys.iter().take(20) {
-            let ms = |p: &BTreeMap<String, (u64, std::time::Duration)>| {
-                p.get(*k)
-                    .map_or(0.0, |e| e.1.as_secs_f64() * 1e3 / ROUNDS as f64)
-            };
-            println!("      {:>8.1} {:>8.1}  {k}", ms(one), ms(thirty));
+        for (merge, _) in MERGES {
+            let (one, thirty) = (&profiles[&(merge, 1)], &profiles[&(merge, 30)]);
+            let keys: std::collections::BTreeSet<&String> =
+                one.keys().chain(thirty.keys()).collect();
+            let mut keys: Vec<&String> = keys.into_iter().collect();
+            keys.sort_by_key(|k| std::cmp::Reverse(thirty.get(*k).map_or(0, |e| e.1.as_micros())));
+            println!("  {merge} MERGE, ms per batch:    1 d     30 d");
+            for k in keys.iter().take(20) {
+                let ms = |p: &Profile| {
+                    p.get(*k)
+                        .map_or(0.0, |e| e.1.as_secs_f64() * 1e3 / ROUNDS as f64)
+                };
+                println!("      {:>8.1} {:>8.1}  {k}", ms(one), ms(thirty));
+            }
         }
     }
-    let m1 = median(times[&1].clone());
-    let m30 = median(times[&30].clone());
-    println!(
-        "revenue_5m micro-batch (100k events), median of {ROUNDS}: 1 d {m1:.2} s, 30 d {m30:.2} s, ratio 30d/1d {:.2}  (target ≤ 1.2)",
-        m30 / m1
-    );
+    for (merge, _) in MERGES {
+        let m1 = median(times[&(merge, 1)].clone());
+        let m30 = median(times[&(merge, 30)].clone());
+        println!(
+            "revenue_5m micro-batch (100k events), {merge} MERGE, median of {ROUNDS}: 1 d {m1:.2} s, 30 d {m30:.2} s, ratio 30d/1d {:.2}  (target ≤ 1.2)",
+            m30 / m1
+        );
+    }
+    for days in [1, 30] {
+        let ours = median(times[&("kestrel", days)].clone());
+        let theirs = median(times[&("delta-rs", days)].clone());
+        println!(
+            "revenue_5m micro-batch against {days} d: kestrel MERGE ÷ delta-rs MERGE {:.2}",
+            ours / theirs
+        );
+    }
 }
 
 /// Orders `first_id..first_id + n` spread over `[start_s, start_s + span_s)`: two lines

@@ -93,6 +93,10 @@ pub enum Error {
     #[error(transparent)]
     Probe(#[from] crate::sink::probe::ProbeError),
 
+    /// A MERGE into a gold table could not read or fit its rows.
+    #[error(transparent)]
+    Merge(#[from] crate::sink::merge::MergeError),
+
     /// Interned keys out of step with a job's rows (an invariant).
     #[error(transparent)]
     Key(#[from] crate::job::keys::KeyError),

@@ -71,7 +71,8 @@ pub enum BackfillError {
 use crate::columns::{formatters, row_string};
 use crate::operator::{read, DayInput, Restated};
 use crate::runlog;
-use crate::sink::delta::{self, MergeSpec};
+use crate::sink::delta;
+use crate::sink::merge::{self, MergeSpec};
 use crate::time::date;
 
 /// What to backfill.
@@ -436,7 +437,7 @@ impl JobRunner {
                 .collect(),
             op_column: agg::OP,
         };
-        let (_, counts) = delta::merge(table, out.rows, &ms, &app, version).await?;
+        let (_, counts) = merge::merge(table, out.rows, &ms, &app, version).await?;
         info!(
             job = %spec.name,
             day = %report.date,

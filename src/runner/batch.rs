@@ -40,8 +40,9 @@ use crate::operator::{read, Computed, Context, GoldRows, Write};
 use crate::runlog::{self, JobEntry};
 use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
-use crate::sink::delta::{self, MergeSpec, Warehouse};
+use crate::sink::delta::{self, Warehouse};
 use crate::sink::late;
+use crate::sink::merge::{self, MergeSpec};
 use crate::time::clock::Clock;
 use crate::time::{micros, Micros};
 
@@ -672,7 +673,7 @@ impl JobRunner {
                 .collect(),
             op_column: agg::OP,
         };
-        let (_, counts) = delta::merge(table, out.rows, &ms, &out.app, n).await?;
+        let (_, counts) = merge::merge(table, out.rows, &ms, &out.app, n).await?;
         info!(
             job = %spec.name,
             table = %out.table,

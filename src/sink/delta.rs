@@ -3,7 +3,6 @@
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::common::ScalarValue;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::CommitProperties;
@@ -357,12 +356,24 @@ where
 /// Commit properties carrying an application transaction. The commit's `commitInfo`
 /// names it too (`kestrel.txn`), so [`written_by`] can find the commit again.
 pub fn txn_props(app_id: &str, version: i64) -> CommitProperties {
+    txn_props_with(app_id, version, [])
+}
+
+/// [`txn_props`] with more `commitInfo` entries (a MERGE's `operationMetrics`).
+pub fn txn_props_with(
+    app_id: &str,
+    version: i64,
+    info: impl IntoIterator<Item = (String, serde_json::Value)>,
+) -> CommitProperties {
     commit_props()
         .with_application_transaction(Transaction::new(app_id, version))
-        .with_metadata([(
-            TXN_INFO_KEY.to_string(),
-            serde_json::json!({ "app": app_id, "version": version }),
-        )])
+        .with_metadata(
+            std::iter::once((
+                TXN_INFO_KEY.to_string(),
+                serde_json::json!({ "app": app_id, "version": version }),
+            ))
+            .chain(info),
+        )
 }
 
 /// The `commitInfo` field naming the application transaction a kestrel commit carries.
@@ -792,122 +803,10 @@ pub fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(|b| b.num_rows()).sum()
 }
 
-/// How to MERGE rows into a keyed table with target-side pruning.
-#[derive(Debug, Clone)]
-pub struct MergeSpec<'a> {
-    /// Key columns (matched with `=`, or `IS NOT DISTINCT FROM` when nullable).
-    pub keys: &'a [(String, bool)],
-    /// Partition columns of the target and the values the source rows (and the rows
-    /// they replace) hold: the predicate names each as a literal `IN` list so only
-    /// those partitions' files are read (a column without values is not restricted).
-    pub partitions: Vec<(&'a str, Vec<ScalarValue>)>,
-    /// Columns to write (all target columns).
-    pub columns: Vec<String>,
-    /// Source column holding `upsert` or `delete` (tombstones).
-    pub op_column: &'a str,
-}
-
-/// MERGE `batches` into `table` in one commit carrying `(app_id, version)`: rows with
-/// op `upsert` update or insert, rows with op `delete` delete their match (tombstones;
-/// never `when_not_matched_by_source_delete`, which turns partition pruning off).
-/// Returns the table and the number of target rows rewritten, inserted and deleted.
-pub async fn merge(
-    table: DeltaTable,
-    batches: Vec<RecordBatch>,
-    spec: &MergeSpec<'_>,
-    app_id: &str,
-    version: i64,
-) -> Result<(DeltaTable, MergeCounts)> {
-    let url = table.table_url().to_string();
-    let t_merge = std::time::Instant::now();
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-    let source = ctx
-        .read_batches(batches)
-        .map_err(|e| Error::query("merge source", e))?;
-    use datafusion::prelude::{col, lit, Expr};
-    let mut pred: Vec<Expr> = spec
-        .keys
-        .iter()
-        .map(|(k, nullable)| {
-            let (t, s) = (col(format!("t.{k}")), col(format!("s.{k}")));
-            if *nullable {
-                datafusion::logical_expr::binary_expr(
-                    t,
-                    datafusion::logical_expr::Operator::IsNotDistinctFrom,
-                    s,
-                )
-            } else {
-                t.eq(s)
-            }
-        })
-        .collect();
-    for (pcol, values) in &spec.partitions {
-        if !values.is_empty() {
-            let list = values.iter().map(|v| lit(v.clone())).collect();
-            pred.push(col(format!("t.{pcol}")).in_list(list, false));
-        }
-    }
-    let predicate = pred.into_iter().reduce(Expr::and).unwrap_or(lit(true));
-    let op = spec.op_column;
-    let is_op = |v: &str| col(format!("s.{op}")).eq(lit(v.to_string()));
-    let key_names: Vec<&str> = spec.keys.iter().map(|(k, _)| k.as_str()).collect();
-    let (table, metrics) = table
-        .merge(source, predicate)
-        .with_source_alias("s")
-        .with_target_alias("t")
-        .with_commit_properties(txn_props(app_id, version))
-        .when_matched_delete(|d| d.predicate(is_op("delete")))
-        .and_then(|m| {
-            m.when_matched_update(|mut u| {
-                u = u.predicate(is_op("upsert"));
-                for c in &spec.columns {
-                    if !key_names.contains(&c.as_str()) {
-                        u = u.update(c.as_str(), col(format!("s.{c}")));
-                    }
-                }
-                u
-            })
-        })
-        .and_then(|m| {
-            m.when_not_matched_insert(|mut i| {
-                i = i.predicate(is_op("upsert"));
-                for c in &spec.columns {
-                    i = i.set(c.as_str(), col(format!("s.{c}")));
-                }
-                i
-            })
-        })
-        .map_err(|e| Error::delta(&url, e))?
-        .await
-        .map_err(|e| Error::delta(&url, e))?;
-    super::timings::record(
-        format!("merge {}", super::timings::table_name(&url)),
-        t_merge.elapsed(),
-    );
-    super::tables::keep(&table);
-    Ok((
-        table,
-        MergeCounts {
-            updated: metrics.num_target_rows_updated as i64,
-            inserted: metrics.num_target_rows_inserted as i64,
-            deleted: metrics.num_target_rows_deleted as i64,
-            files_scanned: metrics.num_target_files_scanned as i64,
-        },
-    ))
-}
-
-/// What a MERGE did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MergeCounts {
-    pub updated: i64,
-    pub inserted: i64,
-    pub deleted: i64,
-    pub files_scanned: i64,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sink::merge::{merge, MergeSpec};
     use arrow::array::{Array, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;

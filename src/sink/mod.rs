@@ -6,6 +6,7 @@ pub mod compact;
 pub mod delta;
 pub mod late;
 pub mod loglist;
+pub mod merge;
 pub mod probe;
 pub mod quarantine;
 pub mod tables;

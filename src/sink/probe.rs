@@ -315,11 +315,11 @@ async fn probe_file(
     Ok(out)
 }
 
-/// A Parquet file in an object store, of known size.
-struct Reader {
-    store: Arc<dyn ObjectStore>,
-    path: ObjPath,
-    size: u64,
+/// A Parquet file in an object store, of known size (no HEAD request).
+pub(crate) struct Reader {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) path: ObjPath,
+    pub(crate) size: u64,
 }
 
 fn parquet_err(e: deltalake::logstore::object_store::Error) -> ParquetError {
