@@ -153,6 +153,11 @@ pub async fn merge(
         return merge_by_delta_rs(table, vec![source], spec, app_id, version).await;
     }
     let started = std::time::Instant::now();
+    let name = super::timings::table_name(&url);
+    let stage = |what: &str, since: std::time::Instant| {
+        super::timings::record(format!("merge {name}: {what}"), since.elapsed());
+        std::time::Instant::now()
+    };
     let target = match Target::of(&table, spec)? {
         Ok(t) => t,
         Err(why) => {
@@ -161,6 +166,7 @@ pub async fn merge(
         }
     };
     let src = Source::new(&source, spec, &target, &url)?;
+    let t = stage("plan", started);
 
     // The files of the batch's partitions, each read whole: the rows of those holding
     // none of the batch's keys stay where they are.
@@ -175,6 +181,7 @@ pub async fn merge(
         .try_collect()
         .await?;
 
+    let t = stage("read", t);
     let mut counts = MergeCounts {
         files_scanned: scans.len() as i64,
         ..Default::default()
@@ -209,6 +216,7 @@ pub async fn merge(
 
     let writers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let adds = delta::write_files(&table, rows, delta::writer_properties(&[]), writers).await?;
+    let t = stage("write", t);
     let metrics = serde_json::json!({
         "num_source_rows": source.num_rows(),
         "num_target_rows_inserted": counts.inserted,
@@ -240,10 +248,8 @@ pub async fn merge(
         .map_err(|e| Error::delta(&url, e))?;
     let mut table = table;
     table.state = Some(finalized.snapshot());
-    super::timings::record(
-        format!("merge {}", super::timings::table_name(&url)),
-        started.elapsed(),
-    );
+    stage("commit", t);
+    super::timings::record(format!("merge {name}"), started.elapsed());
     super::tables::keep(&table);
     Ok((table, counts))
 }
@@ -292,15 +298,18 @@ impl Target {
             )));
         }
         let partition_columns = snap.metadata().partition_columns().to_vec();
-        let types: Vec<DataType> = partition_columns
-            .iter()
-            .map(|c| {
-                schema
-                    .field_with_name(c)
-                    .map(|f| f.data_type().clone())
-                    .map_err(Error::from)
-            })
-            .collect::<Result<_>>()?;
+        let types_of = |names: &[String]| -> Result<Vec<DataType>> {
+            names
+                .iter()
+                .map(|c| {
+                    schema
+                        .field_with_name(c)
+                        .map(|f| f.data_type().clone())
+                        .map_err(Error::from)
+                })
+                .collect()
+        };
+        let types = types_of(&partition_columns)?;
         // Each restricted partition column's values, as the column's type.
         let mut allowed: Vec<Option<Vec<ScalarValue>>> = vec![None; partition_columns.len()];
         for (column, values) in &spec.partitions {
@@ -361,15 +370,7 @@ impl Target {
             });
         }
         let key_names: Vec<String> = spec.keys.iter().map(|(k, _)| k.clone()).collect();
-        let key_types = key_names
-            .iter()
-            .map(|k| {
-                schema
-                    .field_with_name(k)
-                    .map(|f| f.data_type().clone())
-                    .map_err(Error::from)
-            })
-            .collect::<Result<_>>()?;
+        let key_types = types_of(&key_names)?;
         Ok(Ok(Target {
             schema,
             partition_columns,
