@@ -593,8 +593,9 @@ fn fits(table: &DeltaTable, batches: &[RecordBatch], partitions: &[String]) -> R
     Ok(batches.iter().all(|b| {
         b.num_columns() == schema.fields().len()
             && schema.fields().iter().all(|f| {
-                b.column_by_name(f.name())
-                    .is_some_and(|c| c.data_type() == f.data_type() && (f.is_nullable() || c.null_count() == 0))
+                b.column_by_name(f.name()).is_some_and(|c| {
+                    c.data_type() == f.data_type() && (f.is_nullable() || c.null_count() == 0)
+                })
             })
     }))
 }
@@ -710,14 +711,14 @@ pub async fn commit_adds(
         version,
         [("operationMetrics".to_string(), metrics)],
     ))
-        .with_actions(
-            adds.into_iter()
-                .map(deltalake::kernel::Action::Add)
-                .collect(),
-        )
-        .build(Some(snap), table.log_store(), operation)
-        .await
-        .map_err(|e| Error::delta(&url, e))?;
+    .with_actions(
+        adds.into_iter()
+            .map(deltalake::kernel::Action::Add)
+            .collect(),
+    )
+    .build(Some(snap), table.log_store(), operation)
+    .await
+    .map_err(|e| Error::delta(&url, e))?;
     super::timings::record(
         format!("append {}", super::timings::table_name(&url)),
         t.elapsed(),
