@@ -171,10 +171,11 @@ pub async fn merge(
     // The files of the batch's partitions, each read whole: the rows of those holding
     // none of the batch's keys stay where they are.
     let store = table.log_store().object_store(None);
+    let lookup = src.lookup();
     let reads: Vec<_> = target
         .files
         .iter()
-        .map(|f| scan_file(store.clone(), f, &target, &src, &url))
+        .map(|f| scan_file(store.clone(), f, &target, &lookup, &url))
         .collect();
     let scans: Vec<FileScan> = futures::stream::iter(reads)
         .buffer_unordered(READ_AHEAD)
@@ -508,11 +509,13 @@ struct FileScan {
     remove: Remove,
 }
 
+/// Read `file` whole, as rows of the table, and split its rows into those whose key
+/// `lookup` names (the batch replaces or deletes them) and the others.
 async fn scan_file(
     store: Arc<dyn deltalake::logstore::object_store::ObjectStore>,
     file: &TargetFile,
     target: &Target,
-    src: &Source<'_>,
+    lookup: &HashMap<&[u8], usize>,
     url: &str,
 ) -> Result<FileScan> {
     let read_err = |source| MergeError::Read {
@@ -530,7 +533,6 @@ async fn scan_file(
         .map_err(read_err)?
         .build()
         .map_err(read_err)?;
-    let lookup = src.lookup();
     let converter = target.converter()?;
     let mut scan = FileScan {
         matched: Vec::new(),
