@@ -784,6 +784,10 @@ fn main() {
         if only("throughput") || args.first().is_some_and(|a| a.parse::<usize>().is_ok()) {
             throughput::throughput(tmp.path(), events, &schemas, &spec).await;
         }
+        if args.iter().any(|a| a == "readcost") {
+            read_cost(tmp.path()).await;
+            return;
+        }
         if args.iter().any(|a| a == "dedup-memory") {
             dedup_memory().await;
             return;
@@ -801,4 +805,121 @@ fn main() {
             payments_history(tmp.path(), &schemas, &pay).await;
         }
     });
+}
+
+/// `readcost`: what reading one batch's new rows of bronze (`_batch_id` range) and a
+/// one-row append cost as the table's history grows: tables of 1, 30 and 300 day files
+/// (one per `event_date` partition, 20k rows each) plus the batch's own file, measured
+/// alternately. The read prunes to one file in all three (`count_files_scanned=1`).
+async fn read_cost(base: &Path) {
+    use arrow::array::{Date32Array, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("event_id", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+        Field::new("_batch_id", DataType::Int64, true),
+        Field::new("event_date", DataType::Date32, true),
+    ]));
+    let rows = |day: i32, batch: i64, n: usize| {
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("{batch}-{i}")),
+                )),
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i as i64))),
+                Arc::new(Int64Array::from(vec![batch; n])),
+                Arc::new(Date32Array::from(vec![day; n])),
+            ],
+        )
+        .unwrap()
+    };
+    let mut tables = Vec::new();
+    for days in [1i32, 30, 300] {
+        let wh = Warehouse::new(
+            Location::open(
+                base.join(format!("rc{days}")).to_str().unwrap(),
+                &Default::default(),
+                true,
+            )
+            .unwrap(),
+        );
+        let mut t = wh
+            .open_or_create("bronze/x", &schema, &["event_date"])
+            .await
+            .unwrap();
+        for d in 0..days {
+            t = kestrel::sink::delta::append(
+                t,
+                vec![rows(20_000 + d, d as i64 + 1, 20_000)],
+                &["event_date"],
+                "w",
+                d as i64 + 1,
+            )
+            .await
+            .unwrap();
+        }
+        let last = days as i64 + 1;
+        t = kestrel::sink::delta::append(
+            t,
+            vec![rows(20_000 + days - 1, last, 5_000)],
+            &["event_date"],
+            "w",
+            last,
+        )
+        .await
+        .unwrap();
+        tables.push((days, t, last));
+    }
+    let mut times: BTreeMap<i32, Vec<f64>> = BTreeMap::new();
+    for _ in 0..15 {
+        for (days, t, last) in &tables {
+            let ctx = kestrel::sink::delta::session_with(t, "bronze")
+                .await
+                .unwrap();
+            let f = kestrel::operator::read::batches_between(last - 1, *last);
+            let s = Instant::now();
+            let b = kestrel::operator::read::read(&ctx, "bronze", f, &schema)
+                .await
+                .unwrap();
+            assert_eq!(b.num_rows(), 5_000);
+            times
+                .entry(*days)
+                .or_default()
+                .push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    for (days, v) in times {
+        println!(
+            "read of one batch's rows against {days:>3} day files: median {:.1} ms",
+            median(v)
+        );
+    }
+    // A commit's cost against the same tables: a one-row append, alternately.
+    let mut commits: BTreeMap<i32, Vec<f64>> = BTreeMap::new();
+    for round in 0..15i64 {
+        for (days, t, last) in tables.iter_mut() {
+            let v = *last + 1 + round;
+            let s = Instant::now();
+            *t = kestrel::sink::delta::append(
+                t.clone(),
+                vec![rows(20_000 + *days - 1, v, 1)],
+                &["event_date"],
+                "w",
+                v,
+            )
+            .await
+            .unwrap();
+            commits
+                .entry(*days)
+                .or_default()
+                .push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    for (days, v) in commits {
+        println!(
+            "one-row append against {days:>3} day files: median {:.1} ms",
+            median(v)
+        );
+    }
 }
