@@ -713,6 +713,8 @@ fn a_huge_file_is_read_in_ranges_in_bounded_memory() {
 
 /// Two `kestrel run`s started together on one warehouse: the lease lets one ingest and
 /// turns the other away (or it finds nothing left); bronze holds every event once.
+/// (Under load both used to exit 1 — one turned away from the source, the other from the
+/// jobs the first had reached first — and the test asked for one success; CI saw it.)
 #[test]
 fn two_concurrent_runs_ingest_each_event_once() {
     let env = Env::with_config("[ingest]\nmax_files_per_batch = 3\n");
@@ -730,14 +732,18 @@ fn two_concurrent_runs_ingest_each_event_once() {
     };
     let (a, b) = (spawn(), spawn());
     let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
-    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
-    assert!(codes.contains(&Some(0)), "{codes:?}");
+    // Each run succeeds or is turned away by a lease the other holds: both can be, at
+    // different leases (one ingests while the other, turned away from the source, takes
+    // the jobs' leases first — README "Decisions": a run still runs its jobs when a
+    // source fails), so neither exit code alone is promised.
     for o in &outs {
         if o.status.code() != Some(0) {
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(err.contains("busy"), "the loser reports the lease: {err}");
         }
     }
+    // One of them ingested everything that had landed, once.
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 120);
     // whatever the interleaving, a final run completes the work and nothing is doubled
     env.run_ok(&["run", "--source", "orders"], 0);
     assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 120);
