@@ -90,20 +90,8 @@ pub enum Listing {
 pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
     let url = table.table_url().to_string();
     let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
-    let features = snap.metadata().configuration();
-    if features
-        .get("delta.columnMapping.mode")
-        .is_some_and(|m| m != "none")
-    {
-        return Ok(Listing::Unsupported("column mapping".into()));
-    }
-    if let Some(reader) = snap.protocol().reader_features() {
-        for f in reader {
-            let name = f.to_string();
-            if name.contains("typeWidening") || name.contains("columnMapping") {
-                return Ok(Listing::Unsupported(name));
-            }
-        }
+    if let Some(why) = delta::unsupported_layout(snap) {
+        return Ok(Listing::Unsupported(why));
     }
     let schema = snap.snapshot().arrow_schema();
     let partition_columns = snap.metadata().partition_columns().to_vec();
@@ -124,11 +112,8 @@ pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
         let values = f.partition_values_map();
         let mut partition = Vec::with_capacity(types.len());
         for (c, ty) in partition_columns.iter().zip(&types) {
-            let v = match values.get(c).cloned().flatten() {
-                Some(s) => ScalarValue::try_from_string(s, ty),
-                None => ScalarValue::try_from(ty),
-            }
-            .map_err(|e| Error::query(format!("partition value {c} of {url}"), e))?;
+            let v = delta::partition_value(values.get(c).and_then(|v| v.as_deref()), ty)
+                .map_err(|e| Error::query(format!("partition value {c} of {url}"), e))?;
             partition.push(v);
         }
         files.push(ActiveFile {

@@ -771,6 +771,37 @@ pub fn partition_columns(table: &DeltaTable) -> Result<Vec<String>> {
     Ok(snap.metadata().partition_columns().to_vec())
 }
 
+/// Why a reader of `table`'s Parquet files that bypasses delta-rs (a cluster's listing,
+/// kestrel's MERGE) cannot take them as they are — column mapping, type widening — or
+/// None when it can. Deletion vectors are a property of each file: check them per file.
+pub fn unsupported_layout(snap: &deltalake::table::state::DeltaTableState) -> Option<String> {
+    if snap
+        .metadata()
+        .configuration()
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| m != "none")
+    {
+        return Some("column mapping".into());
+    }
+    snap.protocol()
+        .reader_features()
+        .into_iter()
+        .flatten()
+        .map(|f| f.to_string())
+        .find(|name| name.contains("typeWidening") || name.contains("columnMapping"))
+}
+
+/// A partition value as the Delta log holds it (None: null), as a value of `ty`.
+pub fn partition_value(
+    raw: Option<&str>,
+    ty: &arrow::datatypes::DataType,
+) -> datafusion::error::Result<datafusion::common::ScalarValue> {
+    match raw {
+        Some(s) => datafusion::common::ScalarValue::try_from_string(s.to_string(), ty),
+        None => datafusion::common::ScalarValue::try_from(ty),
+    }
+}
+
 /// A DataFusion session for reading kestrel's tables.
 pub fn session() -> SessionContext {
     SessionContext::new_with_config(session_config())

@@ -34,8 +34,9 @@
 //! job's lease holder), so the only races are with compactions, which are rare.
 //!
 //! Tables whose files this reader cannot take as they are — deletion vectors, column
-//! mapping, or columns the batch does not write (a table from a newer release: a MERGE
-//! keeps their values for updated rows) — are merged by delta-rs ([`merge_by_delta_rs`]).
+//! mapping, type widening ([`crate::sink::delta::unsupported_layout`]), or columns the
+//! batch does not write (a table from a newer release: a MERGE keeps their values for
+//! updated rows) — are merged by delta-rs ([`merge_by_delta_rs`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -165,17 +166,19 @@ pub async fn merge(
             return merge_by_delta_rs(table, vec![source], spec, app_id, version).await;
         }
     };
-    let src = Source::new(&source, spec, &target, &url)?;
+    let keys = target
+        .converter()?
+        .convert_columns(&target.keys(&source, &url)?)?;
+    let src = Source::new(&source, &keys, spec.op_column, &url)?;
     let t = stage("plan", started);
 
     // The files of the batch's partitions, each read whole: the rows of those holding
     // none of the batch's keys stay where they are.
     let store = table.log_store().object_store(None);
-    let lookup = src.lookup();
     let reads: Vec<_> = target
         .files
         .iter()
-        .map(|f| scan_file(store.clone(), f, &target, &lookup, &url))
+        .map(|f| scan_file(store.clone(), f, &target, &src.lookup, &url))
         .collect();
     let scans: Vec<FileScan> = futures::stream::iter(reads)
         .buffer_unordered(READ_AHEAD)
@@ -279,13 +282,8 @@ impl Target {
     fn of(table: &DeltaTable, spec: &MergeSpec<'_>) -> Result<std::result::Result<Self, String>> {
         let url = table.table_url().to_string();
         let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
-        if snap
-            .metadata()
-            .configuration()
-            .get("delta.columnMapping.mode")
-            .is_some_and(|m| m != "none")
-        {
-            return Ok(Err("column mapping".into()));
+        if let Some(why) = delta::unsupported_layout(snap) {
+            return Ok(Err(why));
         }
         let schema = snap.snapshot().arrow_schema();
         if let Some(f) = schema
@@ -342,16 +340,14 @@ impl Target {
                 let v = match parsed.get(&(i, raw.clone())) {
                     Some(v) => v.clone(),
                     None => {
-                        let v = match &raw {
-                            Some(s) => ScalarValue::try_from_string(s.clone(), &types[i]),
-                            None => ScalarValue::try_from(&types[i]),
-                        }
-                        .map_err(|source| MergeError::PartitionValue {
-                            table: delta::shown(url.clone()),
-                            column: c.clone(),
-                            value: raw.clone().unwrap_or_else(|| "null".into()),
-                            source,
-                        })?;
+                        let v = delta::partition_value(raw.as_deref(), &types[i]).map_err(
+                            |source| MergeError::PartitionValue {
+                                table: delta::shown(url.clone()),
+                                column: c.clone(),
+                                value: raw.clone().unwrap_or_else(|| "null".into()),
+                                source,
+                            },
+                        )?;
                         parsed.insert((i, raw), v.clone());
                         v
                     }
@@ -412,62 +408,47 @@ impl Target {
 /// The source side: the rows to merge and, per key, the row that decides it.
 struct Source<'a> {
     rows: &'a RecordBatch,
-    keys: Rows,
     /// Per source row: whether it is a tombstone.
     delete: Vec<bool>,
-    /// Per source row: whether it decides its key (the last upsert of a key, or its
+    /// Encoded key → the source row that decides it (the last upsert of the key, or its
     /// last tombstone when the key has no upsert).
-    decides: Vec<bool>,
+    lookup: HashMap<&'a [u8], usize>,
 }
 
 impl<'a> Source<'a> {
-    fn new(
-        rows: &'a RecordBatch,
-        spec: &MergeSpec<'_>,
-        target: &Target,
-        url: &str,
-    ) -> Result<Self> {
+    /// `keys` are `rows`' key columns encoded by [`Target::converter`].
+    fn new(rows: &'a RecordBatch, keys: &'a Rows, op_column: &str, url: &str) -> Result<Self> {
         let ops = rows
-            .column_by_name(spec.op_column)
+            .column_by_name(op_column)
             .ok_or_else(|| MergeError::SourceLacks {
                 table: delta::shown(url.to_string()),
-                column: spec.op_column.to_string(),
+                column: op_column.to_string(),
             })?;
         let ops = cast(ops, &DataType::Utf8)?;
         let ops = ops.as_string::<i32>();
-        let keys = target
-            .converter()?
-            .convert_columns(&target.keys(rows, url)?)?;
         let n = rows.num_rows();
         let mut delete = vec![false; n];
-        let mut decides = vec![false; n];
-        let mut by_key: HashMap<&[u8], usize> = HashMap::with_capacity(n);
+        let mut lookup: HashMap<&'a [u8], usize> = HashMap::with_capacity(n);
         for i in 0..n {
-            let op = ops.is_valid(i).then(|| ops.value(i));
-            let is_delete = match op {
+            let is_delete = match ops.is_valid(i).then(|| ops.value(i)) {
                 Some("upsert") => false,
                 Some("delete") => true,
                 _ => continue, // no clause of the MERGE applies to it
             };
             delete[i] = is_delete;
-            match by_key.get(keys.row(i).data()) {
-                Some(&j) if !is_delete || delete[j] => {
-                    decides[j] = false;
-                    decides[i] = true;
-                    by_key.insert(keys.row(i).data(), i);
-                }
-                Some(_) => {} // a tombstone after an upsert of the key: the upsert wins
-                None => {
-                    decides[i] = true;
-                    by_key.insert(keys.row(i).data(), i);
+            let key = keys.row(i).data();
+            match lookup.get(key) {
+                // a tombstone after an upsert of the key: the upsert wins
+                Some(&j) if is_delete && !delete[j] => {}
+                _ => {
+                    lookup.insert(key, i);
                 }
             }
         }
         Ok(Source {
             rows,
-            keys,
             delete,
-            decides,
+            lookup,
         })
     }
 
@@ -475,19 +456,16 @@ impl<'a> Source<'a> {
         self.delete[i]
     }
 
-    /// The deciding source row of each key, as a lookup from encoded key to row.
-    fn lookup(&self) -> HashMap<&[u8], usize> {
-        (0..self.decides.len())
-            .filter(|i| self.decides[*i])
-            .map(|i| (self.keys.row(i).data(), i))
-            .collect()
-    }
-
-    /// Rows that insert or replace a row: the deciding upserts.
+    /// Rows that insert or replace a row: the deciding upserts, in source order.
     fn upserts(&self) -> Vec<usize> {
-        (0..self.decides.len())
-            .filter(|i| self.decides[*i] && !self.delete[*i])
-            .collect()
+        let mut rows: Vec<usize> = self
+            .lookup
+            .values()
+            .copied()
+            .filter(|i| !self.delete[*i])
+            .collect();
+        rows.sort_unstable();
+        rows
     }
 
     /// Source rows `which`, as rows of the table.
