@@ -276,6 +276,10 @@ impl<'a> Context<'a> {
             schema,
             rows,
             partitions: partitions.to_vec(),
+            cluster: partitions
+                .iter()
+                .copied()
+                .find(|p| crate::sink::cluster::COLUMNS.contains(p)),
             extra_partitions,
             write: Write::Merge,
         }
@@ -325,15 +329,30 @@ pub struct GoldRows {
     /// The gold table's schema (the rows add `_op`).
     pub(crate) schema: SchemaRef,
     pub(crate) rows: Vec<RecordBatch>,
-    /// Partition columns of the gold table a new table gets (a date and its hour, or an
-    /// integer bucket); a table created by an earlier release may have fewer.
+    /// Columns whose values locate the rows (a date and its hour, or an integer bucket):
+    /// the table's partition columns and its clustering column (`cluster`); a table
+    /// created by an earlier release may have fewer, or its hour as a partition column.
     pub(crate) partitions: Vec<&'static str>,
+    /// The column of `partitions` a new table clusters its files by instead of
+    /// partitioning by it ([`crate::sink::cluster`]); None once the table is found to partition by it.
+    pub(crate) cluster: Option<&'static str>,
     /// Per partition column, values the MERGE must read besides those the rows go to
     /// (where rows that moved or are deleted may sit now); may be shorter than
     /// `partitions`.
     pub(crate) extra_partitions: Vec<Vec<ScalarValue>>,
     /// How the rows reach the table.
     pub(crate) write: Write,
+}
+
+impl GoldRows {
+    /// The partition columns of a new table: `partitions` without the clustering column.
+    pub(crate) fn table_partitions(&self) -> Vec<&'static str> {
+        self.partitions
+            .iter()
+            .copied()
+            .filter(|p| Some(*p) != self.cluster)
+            .collect()
+    }
 }
 
 /// How a batch's rows reach their table.

@@ -589,6 +589,7 @@ async fn open_sessions(
         schema: open,
         rows: vec![now_open],
         partitions: Vec::new(),
+        cluster: None,
         extra_partitions: Vec::new(),
         write: Write::Replace,
     })

@@ -436,6 +436,7 @@ impl JobRunner {
                 .map(|f| f.name().clone())
                 .collect(),
             op_column: agg::OP,
+            cluster: out.cluster,
         };
         let (_, counts) = merge::merge(table, out.rows, &ms, &app, version).await?;
         info!(

@@ -657,7 +657,7 @@ impl JobRunner {
                 delta::overwrite(table, rows, &out.schema, &out.app, n).await?;
                 info!(job = %spec.name, table = %out.table, batch = n, rows = written, "gold replaced");
             } else {
-                delta::append(table, rows, &out.partitions, &out.app, n).await?;
+                delta::append(table, rows, &out.table_partitions(), &out.app, n).await?;
                 info!(job = %spec.name, table = %out.table, batch = n, inserted = written, "gold append");
             }
             return Ok(Some(written));
@@ -672,6 +672,7 @@ impl JobRunner {
                 .map(|f| f.name().clone())
                 .collect(),
             op_column: agg::OP,
+            cluster: out.cluster,
         };
         let (_, counts) = merge::merge(table, out.rows, &ms, &out.app, n).await?;
         info!(
@@ -693,9 +694,18 @@ impl JobRunner {
     pub(crate) async fn open_gold(&self, mut out: GoldRows) -> Result<(DeltaTable, GoldRows)> {
         let table = self
             .wh
-            .open_or_create(&out.table, &out.schema, &out.partitions)
+            .open_or_create(&out.table, &out.schema, &out.table_partitions())
             .await?;
+        let parts = delta::partition_columns(&table)?;
         let has = delta::table_columns(&table)?;
+        // A table created before gold clustered its hours partitions by the hour (or,
+        // older still, lacks it): then nothing is clustered.
+        if out
+            .cluster
+            .is_some_and(|c| parts.iter().any(|p| p == c) || !has.contains(c))
+        {
+            out.cluster = None;
+        }
         if out.schema.fields().iter().all(|f| has.contains(f.name())) {
             return Ok((table, out));
         }
@@ -709,10 +719,9 @@ impl JobRunner {
             .iter()
             .map(|b| read::conform(b, &target))
             .collect::<Result<_>>()?;
-        let parts = delta::partition_columns(&table)?;
         let (mut kept, mut extra) = (Vec::new(), Vec::new());
         for (i, p) in out.partitions.iter().enumerate() {
-            if parts.iter().any(|q| q == p) {
+            if parts.iter().any(|q| q == p) || out.cluster == Some(*p) {
                 kept.push(*p);
                 extra.push(out.extra_partitions.get(i).cloned().unwrap_or_default());
             }

@@ -119,6 +119,7 @@ fn gold_rows(out: &DeferredOutput, app: String, rows: RecordBatch) -> GoldRows {
         schema: Arc::new(arrow::datatypes::Schema::new(fields)),
         rows: vec![rows],
         partitions: vec![out.partition],
+        cluster: None,
         extra_partitions: Vec::new(),
         write: Write::Merge,
     }

@@ -34,7 +34,7 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::sink::delta::Warehouse;
+use crate::sink::delta::{self, Warehouse};
 
 /// How long a compaction lease lasts: far beyond any compaction (a holder killed with -9
 /// is recognised as gone at once on its host; elsewhere the lease expires).
@@ -110,17 +110,35 @@ const SMALL_FRACTION: u64 = 8;
 /// its batches read them all (0.21 s → 0.46 s over 7 hours of small drops).
 pub const HOUR_PARTITION_FILES: usize = 4;
 
-/// Partitions (as `column → value` lists) holding at least `min_files` small files (see
-/// [`SMALL_FRACTION`]), among those matching every `(column, value)` of `only`.
+/// What to compact: a partition (as `column → value` pairs), or in a clustered gold
+/// table ([`crate::sink::cluster`]) the small files of one hour of a partition.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Crowded {
+    Partition(Vec<(String, String)>),
+    Hour {
+        partition: Vec<(String, String)>,
+        column: String,
+        value: i64,
+        paths: Vec<String>,
+    },
+}
+
+/// Partitions holding at least `min_files` small files (see [`SMALL_FRACTION`]), among
+/// those matching every `(column, value)` of `only`; in a clustered table, hours of a
+/// partition holding [`HOUR_PARTITION_FILES`] small files of that hour (or `min_files`,
+/// if lower) — never the partition as a whole, which would mix its hours in one file
+/// (a small file holding several hours is left to the daily maintenance).
 fn crowded(
     table: &DeltaTable,
     opts: &OpenCompaction,
     only: &[(&str, &str)],
-) -> Result<Vec<Vec<(String, String)>>> {
+) -> Result<Vec<Crowded>> {
     let snap = table
         .snapshot()
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
-    let mut count: BTreeMap<Vec<(String, String)>, usize> = BTreeMap::new();
+    let cluster = crate::sink::cluster::column_of(table)?;
+    type Key = (Vec<(String, String)>, Option<i64>);
+    let mut count: BTreeMap<Key, Vec<String>> = BTreeMap::new();
     for f in snap.log_data().iter() {
         if f.size() as u64 >= opts.target_size / SMALL_FRACTION {
             continue;
@@ -143,20 +161,68 @@ fn crowded(
             continue;
         }
         parts.sort();
-        *count.entry(parts).or_default() += 1;
+        let hour = match &cluster {
+            Some(c) => match crate::sink::cluster::single_value(f.stats().as_deref(), c) {
+                Some(h) => Some(h),
+                None => continue,
+            },
+            None => None,
+        };
+        count
+            .entry((parts, hour))
+            .or_default()
+            .push(f.object_store_path().to_string());
     }
     Ok(count
         .into_iter()
-        .filter(|(p, n)| {
-            let hourly = p.iter().any(|(c, _)| c.ends_with("_hour"));
-            *n >= if hourly {
-                opts.min_files.min(HOUR_PARTITION_FILES)
-            } else {
-                opts.min_files
-            }
+        .filter(|((p, hour), files)| {
+            let hourly = hour.is_some() || p.iter().any(|(c, _)| c.ends_with("_hour"));
+            files.len()
+                >= if hourly {
+                    opts.min_files.min(HOUR_PARTITION_FILES)
+                } else {
+                    opts.min_files
+                }
         })
-        .map(|(p, _)| p)
+        .map(|((partition, hour), paths)| match (hour, &cluster) {
+            (Some(value), Some(column)) => Crowded::Hour {
+                partition,
+                column: column.clone(),
+                value,
+                paths,
+            },
+            _ => Crowded::Partition(partition),
+        })
         .collect())
+}
+
+/// Compact one partition (`column → value` pairs) with delta-rs's optimize: files up to
+/// the target size, bin-packed in log order. Returns the table and the files removed
+/// and added.
+async fn compact_partition(
+    table: &DeltaTable,
+    part: &[(String, String)],
+    opts: &OpenCompaction,
+    props: &Option<WriterProperties>,
+) -> Result<(DeltaTable, u64, u64)> {
+    let filters: Vec<_> = part
+        .iter()
+        .map(|(c, v)| (c.as_str(), FilterOp::Eq, FilterValue::Scalar(v.as_str())))
+        .collect();
+    let target = NonZeroU64::new(opts.target_size).unwrap_or(NonZeroU64::MIN);
+    let mut op = table
+        .clone()
+        .optimize()
+        .with_filters(&filters)
+        .with_target_size(target)
+        .with_max_concurrent_tasks(2);
+    if let Some(p) = props {
+        op = op.with_writer_properties(p.clone());
+    }
+    let (t, m) = op
+        .await
+        .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
+    Ok((t, m.num_files_removed, m.num_files_added))
 }
 
 /// Commits a bookkeeping table (the run log, the file ledger) keeps in its log after a
@@ -236,42 +302,50 @@ async fn compact_crowded(
     let Some(table) = wh.open(rel).await? else {
         return Ok(None);
     };
-    let url = table.table_url().to_string();
     let mut done = Compacted::default();
     let mut table = table;
     for part in crowded(&table, opts, only)? {
-        let filters: Vec<_> = part
-            .iter()
-            .map(|(c, v)| (c.as_str(), FilterOp::Eq, FilterValue::Scalar(v.as_str())))
-            .collect();
-        let target = NonZeroU64::new(opts.target_size).unwrap_or(NonZeroU64::MIN);
-        let mut op = table
-            .clone()
-            .optimize()
-            .with_filters(&filters)
-            .with_target_size(target)
-            .with_max_concurrent_tasks(2);
-        if let Some(p) = &props {
-            op = op.with_writer_properties(p.clone());
-        }
         let compacting = crate::fault::compacting();
         let started = std::time::Instant::now();
-        let outcome = op.await;
+        let outcome = match part {
+            Crowded::Partition(part) => compact_partition(&table, &part, opts, &props).await,
+            Crowded::Hour {
+                column,
+                value,
+                paths,
+                ..
+            } => {
+                let paths = paths.into_iter().collect();
+                let props = props
+                    .clone()
+                    .unwrap_or_else(|| delta::writer_properties(&[]));
+                crate::sink::cluster::compact_hour(
+                    table.clone(),
+                    &column,
+                    value,
+                    &paths,
+                    props,
+                    opts.target_size,
+                )
+                .await
+                .map(|(t, m)| (t, m.files_removed, m.files_added))
+            }
+        };
         drop(compacting);
         crate::sink::timings::record(format!("compact {rel}"), started.elapsed());
         match outcome {
-            Ok((t, m)) => {
+            Ok((t, removed, added)) => {
                 table = t;
                 done.partitions += 1;
-                done.files_removed += m.num_files_removed;
-                done.files_added += m.num_files_added;
+                done.files_removed += removed;
+                done.files_added += added;
             }
-            Err(e) if crate::error::is_delta_conflict(&e) => {
+            Err(e) if e.is_commit_conflict() => {
                 info!(table = rel, error = %e, "open-partition compaction lost a race with another writer; next batch");
                 wh.forget(rel);
                 return Ok(None);
             }
-            Err(e) => return Err(Error::delta(&url, e)),
+            Err(e) => return Err(e),
         }
     }
     if done.partitions == 0 {

@@ -655,6 +655,51 @@ pub async fn write_files(
     Ok(adds)
 }
 
+/// [`write_files`], but a file holds rows of one value of `column` only (one file per
+/// partition and value): how gold keeps each hour of a date partition in its own files
+/// ("clustered"), so a MERGE or a read of an hour picks its files by their statistics.
+/// Up to `writers` values are encoded at once. Without the column, as [`write_files`].
+pub async fn write_clustered(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+    column: &str,
+    props: WriterProperties,
+    writers: usize,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    use futures::{StreamExt, TryStreamExt};
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    if first.column_by_name(column).is_none() {
+        return write_files(table, batches, props, writers).await;
+    }
+    let all = arrow::compute::concat_batches(&first.schema(), &batches)?;
+    drop(batches);
+    let Some(values) = all.column_by_name(column) else {
+        return write_files(table, vec![all], props, writers).await;
+    };
+    let order = arrow::compute::sort_to_indices(values, None, None)?;
+    let sorted = arrow::compute::take_record_batch(&all, &order)?;
+    drop(all);
+    let Some(values) = sorted.column_by_name(column) else {
+        return write_files(table, vec![sorted], props, writers).await;
+    };
+    let groups: Vec<RecordBatch> = arrow::compute::partition(std::slice::from_ref(values))?
+        .ranges()
+        .into_iter()
+        .map(|r| sorted.slice(r.start, r.end - r.start))
+        .collect();
+    let written: Vec<Vec<deltalake::kernel::Add>> = futures::stream::iter(groups)
+        .map(|g| {
+            let props = props.clone();
+            async move { write_files(table, vec![g], props, 1).await }
+        })
+        .buffer_unordered(writers.max(1))
+        .try_collect()
+        .await?;
+    Ok(written.into_iter().flatten().collect())
+}
+
 /// `batches` cut into consecutive runs of `per_run` rows (the last may be shorter),
 /// slicing batches where a run ends; no rows are copied.
 fn split_rows(batches: Vec<RecordBatch>, per_run: usize) -> Vec<Vec<RecordBatch>> {
@@ -976,6 +1021,7 @@ mod tests {
                 partitions: Vec::new(),
                 columns: vec!["k".into(), "v".into(), "op".into()],
                 op_column: "op",
+                cluster: None,
             };
             table = merge(table, vec![batch(vec![v % 3], v)], &spec, "app", v)
                 .await

@@ -56,6 +56,7 @@ use deltalake::DeltaTable;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
+use crate::sink::cluster;
 use crate::sink::delta::{self, txn_props};
 use crate::sink::probe::Reader;
 
@@ -72,6 +73,11 @@ pub struct MergeSpec<'a> {
     pub columns: Vec<String>,
     /// Source column holding `upsert` or `delete` (tombstones).
     pub op_column: &'a str,
+    /// A column of `partitions` that is not a partition column of the table but by
+    /// which its files are clustered (gold's hour within a date partition): files whose
+    /// statistics put them outside the column's values are not read, and the rows
+    /// written go to one file per value ([`delta::write_clustered`]).
+    pub cluster: Option<&'a str>,
 }
 
 /// What a MERGE did.
@@ -219,7 +225,11 @@ pub async fn merge(
     }
 
     let writers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let adds = delta::write_files(&table, rows, delta::writer_properties(&[]), writers).await?;
+    let props = delta::writer_properties(&[]);
+    let adds = match spec.cluster {
+        Some(column) => delta::write_clustered(&table, rows, column, props, writers).await?,
+        None => delta::write_files(&table, rows, props, writers).await?,
+    };
     let t = stage("write", t);
     let metrics = serde_json::json!({
         "num_source_rows": source.num_rows(),
@@ -260,26 +270,29 @@ pub async fn merge(
 
 /// The target side of a MERGE: the table's schema and partition columns, the key
 /// columns' positions and types, and the active files of the batch's partitions.
-struct Target {
-    schema: SchemaRef,
+pub(crate) struct Target {
+    pub(crate) schema: SchemaRef,
     partition_columns: Vec<String>,
     key_names: Vec<String>,
     key_types: Vec<DataType>,
-    files: Vec<TargetFile>,
+    pub(crate) files: Vec<TargetFile>,
 }
 
 /// An active file of the batch's partitions, with its typed partition values (in the
 /// order of the table's partition columns) and the remove action that retires it.
-struct TargetFile {
-    path: ObjPath,
+pub(crate) struct TargetFile {
+    pub(crate) path: ObjPath,
     size: u64,
     partition: Vec<ScalarValue>,
-    remove: Remove,
+    pub(crate) remove: Remove,
 }
 
 impl Target {
     /// The target of `spec` in `table`, or `Err(why)` when delta-rs must merge it.
-    fn of(table: &DeltaTable, spec: &MergeSpec<'_>) -> Result<std::result::Result<Self, String>> {
+    pub(crate) fn of(
+        table: &DeltaTable,
+        spec: &MergeSpec<'_>,
+    ) -> Result<std::result::Result<Self, String>> {
         let url = table.table_url().to_string();
         let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
         if let Some(why) = delta::unsupported_layout(snap) {
@@ -327,6 +340,19 @@ impl Target {
                 .collect::<Result<Vec<_>>>()?;
             allowed[i] = Some(values);
         }
+        // Restricted columns that are data columns (the clustering column): a file is
+        // read only if its min–max range holds one of the values (or it has no
+        // statistics for the column).
+        let mut ranged: Vec<(String, Vec<i64>)> = Vec::new();
+        for (column, values) in &spec.partitions {
+            if values.is_empty() || partition_columns.iter().any(|c| c == column) {
+                continue;
+            }
+            let ints: Option<Vec<i64>> = values.iter().map(cluster::integer_of).collect();
+            if let (Some(ints), Ok(_)) = (ints, schema.field_with_name(column)) {
+                ranged.push((column.to_string(), ints));
+            }
+        }
         let mut parsed: HashMap<(usize, Option<String>), ScalarValue> = HashMap::new();
         let mut files = Vec::new();
         'files: for f in snap.log_data().iter() {
@@ -358,6 +384,9 @@ impl Target {
                     }
                 }
                 partition.push(v);
+            }
+            if !ranged.is_empty() && !cluster::stats_admit(f.stats().as_deref(), &ranged) {
+                continue;
             }
             files.push(TargetFile {
                 path: f.object_store_path(),
@@ -496,21 +525,7 @@ async fn scan_file(
     lookup: &HashMap<&[u8], usize>,
     url: &str,
 ) -> Result<FileScan> {
-    let read_err = |source| MergeError::Read {
-        table: delta::shown(url.to_string()),
-        file: file.path.to_string(),
-        source,
-    };
-    let reader = Reader {
-        store,
-        path: file.path.clone(),
-        size: file.size,
-    };
-    let mut stream = ParquetRecordBatchStreamBuilder::new(reader)
-        .await
-        .map_err(read_err)?
-        .build()
-        .map_err(read_err)?;
+    let mut stream = file_rows(store, file, target, url).await?;
     let converter = target.converter()?;
     let mut scan = FileScan {
         matched: Vec::new(),
@@ -518,7 +533,7 @@ async fn scan_file(
         remove: file.remove.clone(),
     };
     while let Some(b) = stream.next().await {
-        let b = table_rows(&b.map_err(read_err)?, target, &file.partition)?;
+        let b = b?;
         let keys = converter.convert_columns(&target.keys(&b, url)?)?;
         let mut keep = Vec::with_capacity(b.num_rows());
         for r in 0..b.num_rows() {
@@ -537,6 +552,35 @@ async fn scan_file(
         scan.kept.clear();
     }
     Ok(scan)
+}
+
+/// `file`'s rows, as rows of the table (see [`table_rows`]).
+pub(crate) async fn file_rows<'a>(
+    store: Arc<dyn deltalake::logstore::object_store::ObjectStore>,
+    file: &'a TargetFile,
+    target: &'a Target,
+    url: &'a str,
+) -> Result<futures::stream::BoxStream<'a, Result<RecordBatch>>> {
+    let read_err = move |source| {
+        Error::from(MergeError::Read {
+            table: delta::shown(url.to_string()),
+            file: file.path.to_string(),
+            source,
+        })
+    };
+    let reader = Reader {
+        store,
+        path: file.path.clone(),
+        size: file.size,
+    };
+    let stream = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(read_err)?
+        .build()
+        .map_err(read_err)?;
+    Ok(stream
+        .map(move |b| table_rows(&b.map_err(read_err)?, target, &file.partition))
+        .boxed())
 }
 
 /// A batch read from a target file as rows of the table: partition columns from the
@@ -665,13 +709,15 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     const OP: &str = "_op";
+    /// The hour column: gold's name, so the compaction knows the table is clustered.
+    const H: &str = "window_hour";
 
     fn gold_schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
             Field::new("k", DataType::Utf8, false),
             Field::new("n", DataType::Int64, true),
             Field::new("d", DataType::Date32, false),
-            Field::new("h", DataType::Int32, false),
+            Field::new(H, DataType::Int32, false),
             Field::new("v", DataType::Int64, true),
         ]))
     }
@@ -721,20 +767,24 @@ mod tests {
         };
         MergeSpec {
             keys,
-            partitions: vec![("d", values("d")), ("h", values("h"))],
-            columns: ["k", "n", "d", "h", "v"]
+            partitions: vec![("d", values("d")), (H, values(H))],
+            columns: ["k", "n", "d", H, "v"]
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
             op_column: OP,
+            cluster: None,
         }
     }
 
     async fn contents(table: &DeltaTable) -> String {
         let ctx = crate::sink::delta::session_with(table, "t").await.unwrap();
-        let b = crate::sink::delta::sql(&ctx, "SELECT k, n, d, h, v FROM t ORDER BY k, n, v")
-            .await
-            .unwrap();
+        let b = crate::sink::delta::sql(
+            &ctx,
+            "SELECT k, n, d, window_hour, v FROM t ORDER BY k, n, v",
+        )
+        .await
+        .unwrap();
         arrow::util::pretty::pretty_format_batches(&b)
             .unwrap()
             .to_string()
@@ -754,15 +804,21 @@ mod tests {
         let wh = warehouse(dir.path());
         let schema = gold_schema();
         let mut ours = wh
-            .open_or_create("gold/ours", &schema, &["d", "h"])
+            .open_or_create("gold/ours", &schema, &["d", H])
             .await
             .unwrap();
         let mut theirs = wh
-            .open_or_create("gold/theirs", &schema, &["d", "h"])
+            .open_or_create("gold/theirs", &schema, &["d", H])
+            .await
+            .unwrap();
+        // The layout gold tables get: partitioned by date, each file one hour's.
+        let mut clustered = wh
+            .open_or_create("gold/clustered", &schema, &["d"])
             .await
             .unwrap();
         let keys = [("k".to_string(), false), ("n".to_string(), true)];
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut compactions = 0;
         for batch in 1..=24i64 {
             let mut rows: Vec<(String, Option<i64>, i64, &str)> = Vec::new();
             for _ in 0..rng.gen_range(1..25) {
@@ -787,10 +843,32 @@ mod tests {
                 .await
                 .unwrap();
             ours = t;
+            let by_hour = MergeSpec {
+                cluster: Some(H),
+                ..spec.clone()
+            };
+            let (t, clustered_n) = merge(clustered, vec![b.clone()], &by_hour, "app", batch)
+                .await
+                .unwrap();
+            clustered = t;
             let (t, theirs_n) = merge_by_delta_rs(theirs, vec![b], &spec, "app", batch)
                 .await
                 .unwrap();
             theirs = t;
+            assert_eq!(
+                (ours_n.updated, ours_n.inserted, ours_n.deleted),
+                (
+                    clustered_n.updated,
+                    clustered_n.inserted,
+                    clustered_n.deleted
+                ),
+                "counts of batch {batch}, clustered"
+            );
+            assert_eq!(
+                contents(&clustered).await,
+                contents(&theirs).await,
+                "batch {batch}, clustered"
+            );
             assert_eq!(
                 (ours_n.updated, ours_n.inserted, ours_n.deleted),
                 (theirs_n.updated, theirs_n.inserted, theirs_n.deleted),
@@ -803,8 +881,71 @@ mod tests {
             );
             if batch % 8 == 0 {
                 ours = ours.optimize().await.unwrap().0;
+                // The open day's compaction: an hour's small files into one.
+                let opts = crate::sink::compact::OpenCompaction {
+                    min_files: 2,
+                    target_size: 32 << 20,
+                };
+                let done = crate::sink::compact::open_partitions(
+                    &wh,
+                    "gold/clustered",
+                    &opts,
+                    &[],
+                    None,
+                    false,
+                )
+                .await
+                .unwrap();
+                if let Some(d) = done {
+                    assert!(d.files_removed > d.files_added, "batch {batch}: {d:?}");
+                    compactions += 1;
+                }
+                clustered = wh.open("gold/clustered").await.unwrap().unwrap();
+                assert_eq!(contents(&clustered).await, contents(&theirs).await);
             }
         }
+        assert!(compactions > 0, "an hour's files were compacted");
+        // Every file of the clustered table holds one hour, and a batch touching one
+        // hour reads only that hour's files of its date.
+        let snap = clustered.snapshot().unwrap();
+        let mut per_hour: HashMap<(String, i64), i64> = HashMap::new();
+        for f in snap.log_data().iter() {
+            let h = cluster::single_value(f.stats().as_deref(), H);
+            let d = f
+                .partition_values_map()
+                .get("d")
+                .cloned()
+                .flatten()
+                .unwrap();
+            *per_hour
+                .entry((d, h.expect("one hour per file")))
+                .or_default() += 1;
+        }
+        let b = source(&[("k1".into(), Some(1), 9, "upsert")]);
+        let spec = MergeSpec {
+            cluster: Some(H),
+            ..spec_of(&keys, &b)
+        };
+        let (hour, date) = (
+            b.column_by_name(H)
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Int32Type>()
+                .value(0),
+            b.column_by_name("d")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Date32Type>()
+                .value(0),
+        );
+        let date = arrow::temporal_conversions::date32_to_datetime(date)
+            .unwrap()
+            .format("%Y-%m-%d")
+            .to_string();
+        let (_, n) = merge(clustered, vec![b], &spec, "app", 25).await.unwrap();
+        assert_eq!(
+            n.files_scanned,
+            per_hour[&(date, i64::from(hour))],
+            "{per_hour:?}"
+        );
         // What each commit wrote is found again (a resumed batch reports it).
         let last = crate::sink::delta::written_by(&ours, "app", 24)
             .await
@@ -837,7 +978,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wh = warehouse(dir.path());
         let mut table = wh
-            .open_or_create("gold/t", &gold_schema(), &["d", "h"])
+            .open_or_create("gold/t", &gold_schema(), &["d", H])
             .await
             .unwrap();
         let keys = [("k".to_string(), false), ("n".to_string(), true)];
@@ -864,6 +1005,99 @@ mod tests {
         assert_eq!(contents(&table).await.matches("| k1 ").count(), 3);
     }
 
+    /// In a clustered table an hour's compaction and a MERGE race either way: a MERGE
+    /// planned before the compaction committed conflicts (and succeeds planned again);
+    /// a compaction planned before a MERGE that rewrote one of its files conflicts (and
+    /// is given up). Nothing is lost or doubled.
+    #[tokio::test]
+    async fn an_hour_compaction_and_a_merge_race_either_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = warehouse(dir.path());
+        let mut table = wh
+            .open_or_create("gold/t", &gold_schema(), &["d"])
+            .await
+            .unwrap();
+        let keys = [("k".to_string(), false), ("n".to_string(), true)];
+        // `n` 1, 7, 13 of k1 fall in one date and hour (see `source`): three files.
+        for v in 1..=3 {
+            let b = source(&[("k1".into(), Some(1 + 6 * (v - 1)), v, "upsert")]);
+            let spec = MergeSpec {
+                cluster: Some(H),
+                ..spec_of(&keys, &b)
+            };
+            table = merge(table, vec![b.clone()], &spec, "app", v)
+                .await
+                .unwrap()
+                .0;
+        }
+        let paths: std::collections::HashSet<String> = table
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .map(|f| f.object_store_path().to_string())
+            .collect();
+        assert_eq!(paths.len(), 3);
+        let hour = i64::from(
+            source(&[("k1".into(), Some(1), 0, "upsert")])
+                .column_by_name(H)
+                .unwrap()
+                .as_primitive::<arrow::datatypes::Int32Type>()
+                .value(0),
+        );
+        let props = crate::sink::delta::writer_properties(&[]);
+        let compact = |t: DeltaTable| {
+            let (paths, props) = (paths.clone(), props.clone());
+            async move { cluster::compact_hour(t, H, hour, &paths, props, 32 << 20).await }
+        };
+        let b = source(&[("k1".into(), Some(1), 10, "upsert")]);
+        let spec = MergeSpec {
+            cluster: Some(H),
+            ..spec_of(&keys, &b)
+        };
+
+        // The compaction first: the stale MERGE conflicts, then succeeds.
+        let stale = table.clone();
+        let (compacted, m) = compact(table.clone()).await.unwrap();
+        assert_eq!((m.files_removed, m.files_added), (3, 1));
+        let err = merge(stale, vec![b.clone()], &spec, "app", 4)
+            .await
+            .unwrap_err();
+        assert!(err.is_commit_conflict(), "{err}");
+        let (merged, n) = merge(compacted, vec![b.clone()], &spec, "app", 4)
+            .await
+            .unwrap();
+        assert_eq!((n.updated, n.inserted), (1, 0));
+        assert_eq!(contents(&merged).await.matches("| k1 ").count(), 3);
+
+        // The MERGE first: a compaction planned before it conflicts.
+        let dir2 = tempfile::tempdir().unwrap();
+        let wh2 = warehouse(dir2.path());
+        let mut t2 = wh2
+            .open_or_create("gold/t", &gold_schema(), &["d"])
+            .await
+            .unwrap();
+        for v in 1..=3 {
+            let b = source(&[("k1".into(), Some(1 + 6 * (v - 1)), v, "upsert")]);
+            t2 = merge(t2, vec![b], &spec, "app", v).await.unwrap().0;
+        }
+        let paths: std::collections::HashSet<String> = t2
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .map(|f| f.object_store_path().to_string())
+            .collect();
+        let stale = t2.clone();
+        merge(t2, vec![b.clone()], &spec, "app", 4).await.unwrap();
+        let err = cluster::compact_hour(stale, H, hour, &paths, props.clone(), 32 << 20)
+            .await
+            .unwrap_err();
+        assert!(err.is_commit_conflict(), "{err}");
+        let t2 = wh2.open("gold/t").await.unwrap().unwrap();
+        assert_eq!(contents(&t2).await, contents(&merged).await);
+    }
+
     /// A table with a column the batch does not write is merged by delta-rs, which keeps
     /// that column's values in updated rows.
     #[tokio::test]
@@ -877,17 +1111,14 @@ mod tests {
             .collect();
         fields.push(Field::new("extra", DataType::Int64, true));
         let wide = Arc::new(Schema::new(fields));
-        let table = wh
-            .open_or_create("gold/t", &wide, &["d", "h"])
-            .await
-            .unwrap();
+        let table = wh.open_or_create("gold/t", &wide, &["d", H]).await.unwrap();
         let row = source(&[("k1".into(), None, 1, "upsert")]);
         let mut cols = row.columns()[..5].to_vec();
         cols.push(Arc::new(Int64Array::from(vec![42])));
         let table = crate::sink::delta::append(
             table,
             vec![RecordBatch::try_new(wide, cols).unwrap()],
-            &["d", "h"],
+            &["d", H],
             "seed",
             1,
         )

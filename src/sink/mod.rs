@@ -2,6 +2,7 @@
 //! transactions, the late-data ledger and the quarantine table.
 
 pub mod bloom;
+pub mod cluster;
 pub mod compact;
 pub mod delta;
 pub mod late;

@@ -718,6 +718,7 @@ impl Mirror {
             schema,
             rows: vec![rows],
             partitions: PARTITIONS.to_vec(),
+            cluster: None,
             extra_partitions: Vec::new(),
             write: Write::Merge,
         }

@@ -398,6 +398,7 @@ impl Operator for Stockout {
                 schema: so::availability_schema(),
                 rows: vec![availability],
                 partitions: vec![so::BUCKET],
+                cluster: None,
                 extra_partitions: Vec::new(),
                 write: Write::Merge,
             },
