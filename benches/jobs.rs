@@ -119,6 +119,27 @@ impl Site {
         kestrel::sink::delta::sql(&ctx, sql).await.unwrap()
     }
 
+    /// The daily maintenance of the site's tables, as the daemon's slot runs it on the
+    /// day `today` (days since the epoch): days before it are closed and compacted.
+    async fn maintain(&self, today: i32) {
+        let mut opts = kestrel::ops::maintain::MaintainOptions::from_config(&self.config());
+        opts.today = today;
+        opts.no_vacuum = true;
+        let report = kestrel::ops::maintain::run(
+            &self.warehouse(),
+            &self.sources,
+            &self.specs,
+            &opts,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let unwritten = |t: &kestrel::ops::maintain::TableReport| {
+            t.skipped.as_deref().is_none_or(|s| s == "not written yet")
+        };
+        assert!(report.tables.iter().all(unwritten), "{report:?}");
+    }
+
     /// Ingest what landed, then run each job: (ingest s, job s per job).
     async fn step(&self) -> (f64, Vec<f64>) {
         let t = Instant::now();
@@ -177,10 +198,14 @@ async fn history(base: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spe
                 );
                 site.step().await;
             }
+            // The closed days compacted, as the daily maintenance leaves them.
+            site.maintain((DAY0 / DAY) as i32).await;
+            let gold = site.warehouse().open(&spec.table).await.unwrap().unwrap();
             println!(
-                "history {days:>2} d ({merge} MERGE): built in {:.1} s ({} job batches)",
+                "history {days:>2} d ({merge} MERGE): built in {:.1} s ({} job batches; {} active gold files)",
                 t.elapsed().as_secs_f64(),
-                days
+                days,
+                gold.snapshot().unwrap().log_data().num_files()
             );
             sites.push(((merge, delta_rs, days), site));
         }

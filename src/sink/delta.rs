@@ -264,8 +264,16 @@ impl Warehouse {
             .builder(&url)?
             .build()
             .map_err(|e| Error::delta(url.as_str(), e))?;
-        let created = table
-            .create()
+        let mut create = table.create();
+        if schema.fields().len() > DELTA_INDEXED_COLUMNS {
+            // Delta keeps statistics of the first 32 columns by default; gold's hour
+            // column (by which its files are clustered) comes late in a wide job's rows.
+            create = create.with_configuration_property(
+                deltalake::TableProperty::DataSkippingNumIndexedCols,
+                Some(schema.fields().len().to_string()),
+            );
+        }
+        let created = create
             .with_columns(st.fields().cloned())
             .with_partition_columns(partitions.iter().map(|s| s.to_string()))
             // Every batch commits; a checkpoint every 10 commits keeps opening a table
@@ -298,6 +306,9 @@ impl Warehouse {
         }
     }
 }
+
+/// Columns Delta keeps file statistics of unless a table says otherwise.
+const DELTA_INDEXED_COLUMNS: usize = 32;
 
 /// The last application-transaction version recorded for `app_id`.
 pub async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {

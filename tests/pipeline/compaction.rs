@@ -134,6 +134,19 @@ fn open_partition_compaction_changes_no_table() {
         let (e, n) = (active_files(&eager, t), active_files(&never, t));
         assert!(e < n, "{t}: {e} files with compaction, {n} without");
     }
+    // Gold's compaction keeps its files clustered: each holds one hour of windows.
+    for env in [&eager, &never] {
+        rt().block_on(async {
+            let t = env.wh().open("gold/revenue_5m").await.unwrap().unwrap();
+            let snap = t.snapshot().unwrap();
+            assert_eq!(snap.metadata().partition_columns(), &["window_date"]);
+            for f in snap.log_data().iter() {
+                let stats: serde_json::Value = serde_json::from_str(&f.stats().unwrap()).unwrap();
+                let hour = |b: &str| stats[b]["window_hour"].as_i64().unwrap();
+                assert_eq!(hour("minValues"), hour("maxValues"), "{stats}");
+            }
+        });
+    }
 }
 
 /// kill -9 after an open-partition compaction wrote its files and before its commit:

@@ -235,6 +235,10 @@ fn maintain_compacts_closed_partitions_checkpoints_and_vacuums_without_changing_
             .unwrap_or_else(|| panic!("{name} in {out}"))
             .clone()
     };
+    // Gold's day is beyond the job's lookback (3 days): compacted whole, its hours in
+    // one file.
+    let g = table("gold/revenue_5m");
+    assert_eq!(g["files_after"], 1, "{g}");
     let b = table("bronze/orders");
     assert_eq!(b["files_before"], bronze_files as u64, "{b}");
     assert_eq!(b["files_after"], 1, "{b}");
@@ -280,6 +284,60 @@ fn maintain_compacts_closed_partitions_checkpoints_and_vacuums_without_changing_
         .unwrap()
         .iter()
         .any(|t| t["table"] == "gold/revenue_5m" && t["age_s"].as_f64().is_some()));
+}
+
+/// Gold days still inside the lookback (yesterday's, by the wall clock) are not
+/// compacted whole by `maintain`: a late correction would rewrite the whole day's file.
+/// Each hour's files become one file of that hour instead; bronze's closed day is one
+/// file; no row changes.
+#[test]
+fn maintain_keeps_gold_days_inside_the_lookback_in_hour_files() {
+    let env = Env::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let noon = (now / 86_400 - 1) * 86_400 + 12 * 3_600;
+    for k in 0..6i64 {
+        // Three drops in each of two hours of yesterday.
+        let t = noon + (k / 3) * 3_600 + (k % 3) * 300;
+        env.land(
+            &format!("orders/y{k}.ndjson"),
+            &lines(&[order(
+                &format!("y{k}"),
+                t + 10,
+                &format!("ord-y{k}"),
+                "A",
+                1,
+                100,
+            )]),
+            t + 60,
+        );
+        env.run_ok(&["run", "--source", "orders", "--job", "revenue_5m"], 0);
+    }
+    let skip = ["_updated_at", "_ingested_at", "_recorded_at"];
+    let before = env.snapshot("gold/revenue_5m", &skip);
+    let out = env.run_ok(&["maintain", "--retention", "0s", "--json"], 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let table = |name: &str| {
+        report["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["table"] == name)
+            .unwrap_or_else(|| panic!("{name} in {out}"))
+            .clone()
+    };
+    let g = table("gold/revenue_5m");
+    assert!(g["files_before"].as_u64().unwrap() > 2, "{g}");
+    assert_eq!(g["files_after"], 2, "one file per hour: {g}");
+    assert_eq!(table("bronze/orders")["files_after"], 1);
+    assert_eq!(env.snapshot("gold/revenue_5m", &skip), before);
+    let hours = env.query(
+        "gold/revenue_5m",
+        "SELECT DISTINCT window_hour FROM t ORDER BY window_hour",
+    );
+    assert_eq!(hours, vec![vec!["12"], vec!["13"]]);
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
