@@ -5,10 +5,11 @@
 //! Five-minute commits leave one small file per batch and partition; each active file
 //! costs every MERGE metadata work, so finished days are rewritten into few large files.
 //! A date partition is *closed* when its date is before today (UTC, processing time): a
-//! late event may still add a file to it, which the next slot compacts again. In a gold
-//! table clustered by hour ([`crate::sink::cluster`]) a date is compacted whole once it
-//! is beyond the job's lookback; the lookback's days get one file per hour, so a late
-//! correction rewrites an hour's file, not the day's. Tables
+//! late event may still add a file to it, which the next slot compacts again. A gold
+//! table clustered by hour ([`crate::sink::cluster`]) gets one file for the day too: a
+//! late correction then rewrites the day's file, not only its hour's — rarer and
+//! cheaper than every read and commit paying for 24 files a day (README "Gold's
+//! layout"). Tables
 //! without a date partition (the run log, the file ledger, `sku_availability`) are
 //! compacted whole.
 //!
@@ -107,9 +108,6 @@ struct Target {
     table: String,
     lease: Option<String>,
     streamed_by: Option<String>,
-    /// Days before today a late event may still change (the job's lookback, in whole
-    /// days): a clustered gold table's dates among them are not compacted whole.
-    open_days: i32,
 }
 
 /// The tables of `sources` and `jobs`, each once, with the lease that guards it.
@@ -124,19 +122,16 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
                 table,
                 lease: None,
                 streamed_by: None,
-                open_days: 0,
             });
         }
     }
     for spec in jobs {
         let streamed_by = Lease::stream_owner(wh, &spec.name).await?;
-        let open_days = spec.time.lookback.as_secs().div_ceil(86_400) as i32;
         for table in spec.tables() {
             out.push(Target {
                 table,
                 lease: Some(crate::names::lease::job(&spec.name)),
                 streamed_by: streamed_by.clone(),
-                open_days,
             });
         }
     }
@@ -145,7 +140,6 @@ async fn targets(wh: &Warehouse, sources: &[String], jobs: &[JobSpec]) -> Result
             table: table.to_string(),
             lease: None,
             streamed_by: None,
-            open_days: 0,
         });
     }
     let mut seen = std::collections::HashSet::new();
@@ -185,7 +179,7 @@ pub async fn run(
                 None => None,
             };
             if r.skipped.is_none() {
-                if let Err(e) = table(wh, &t.table, t.open_days, opts, &mut r).await {
+                if let Err(e) = table(wh, &t.table, opts, &mut r).await {
                     warn!(table = %t.table, error = %e, "maintenance failed");
                     r.skipped = Some(format!("failed: {e}"));
                 }
@@ -248,7 +242,7 @@ pub async fn tables(
             table: rel.clone(),
             ..Default::default()
         };
-        if let Err(e) = table(wh, rel, 0, opts, &mut r).await {
+        if let Err(e) = table(wh, rel, opts, &mut r).await {
             warn!(table = %rel, error = %e, "maintenance failed");
             r.skipped = Some(format!("failed: {e}"));
         }
@@ -291,7 +285,6 @@ fn date_partition(t: &DeltaTable) -> Result<Option<String>> {
 async fn table(
     wh: &Warehouse,
     rel: &str,
-    open_days: i32,
     opts: &MaintainOptions,
     r: &mut TableReport,
 ) -> Result<()> {
@@ -306,20 +299,15 @@ async fn table(
             return Ok(());
         }
     };
-    let outcome = table_under_lease(wh, rel, open_days, opts, r).await;
+    let outcome = table_under_lease(wh, rel, opts, r).await;
     lease.release(rel).await;
     outcome
 }
 
 /// The work of [`table`], under the table's compaction lease.
-/// A clustered gold table ([`crate::sink::cluster`]) compacts a date whole only once
-/// it is `open_days` before today: a late correction to a day compacted whole rewrites
-/// the day's one file, to one still in hour files only the hour's. So gold keeps 24
-/// files for each of the lookback's days and one for each day before.
 async fn table_under_lease(
     wh: &Warehouse,
     rel: &str,
-    open_days: i32,
     opts: &MaintainOptions,
     r: &mut TableReport,
 ) -> Result<()> {
@@ -330,11 +318,7 @@ async fn table_under_lease(
     let url = t.table_url().to_string();
     r.files_before = file_count(&t)?;
     if !opts.no_compact && r.files_before > 1 {
-        let closed_before = match crate::sink::cluster::column_of(&t)? {
-            Some(_) => opts.today - open_days,
-            None => opts.today,
-        };
-        let today = crate::time::date(closed_before);
+        let today = crate::time::date(opts.today);
         let filters = match date_partition(&t)? {
             Some(col) => vec![(col, today)],
             None => Vec::new(),
@@ -364,21 +348,6 @@ async fn table_under_lease(
         r.partitions_compacted = m.partitions_optimized;
         r.files_removed = m.num_files_removed;
         r.files_added = m.num_files_added;
-        if closed_before < opts.today {
-            // The lookback's days of a clustered table: each hour's files into one.
-            let hours = crate::sink::compact::OpenCompaction {
-                min_files: 2,
-                target_size: opts.config.open_target_file_size,
-            };
-            if let Some(c) = crate::sink::compact::hours_under_lease(wh, rel, &hours).await? {
-                r.partitions_compacted += c.partitions as u64;
-                r.files_removed += c.files_removed;
-                r.files_added += c.files_added;
-            }
-            if let Some(nt) = wh.open(rel).await? {
-                t = nt;
-            }
-        }
     }
     r.files_after = file_count(&t)?;
     deltalake::checkpoints::create_checkpoint(&t, None)

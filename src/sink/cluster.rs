@@ -11,7 +11,6 @@ use std::collections::HashSet;
 
 use arrow::compute::concat_batches;
 use datafusion::common::ScalarValue;
-use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::Action;
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::protocol::DeltaOperation;
@@ -157,14 +156,7 @@ pub async fn compact_hour(
         predicate: Some(format!("{column} = {value}")),
         target_size: target_size as i64,
     };
-    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
-    let finalized = CommitBuilder::default()
-        .with_actions(actions)
-        .build(Some(snap), table.log_store(), operation)
-        .await
-        .map_err(|e| Error::delta(&url, e))?;
-    let mut table = table;
-    table.state = Some(finalized.snapshot());
+    let table = delta::commit_actions(table, actions, delta::commit_props(), operation).await?;
     Ok((table, done))
 }
 

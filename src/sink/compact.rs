@@ -290,17 +290,6 @@ pub async fn open_partitions(
     outcome
 }
 
-/// The compaction of [`open_partitions`] for a caller that holds `rel`'s compaction
-/// lease (the daily maintenance): with `opts.min_files` 2, every hour of a clustered
-/// table held in more than one small file becomes one file.
-pub(crate) async fn hours_under_lease(
-    wh: &Warehouse,
-    rel: &str,
-    opts: &OpenCompaction,
-) -> Result<Option<Compacted>> {
-    compact_crowded(wh, rel, opts, &[], None, false).await
-}
-
 /// The work of [`open_partitions`], under the table's compaction lease.
 async fn compact_crowded(
     wh: &Warehouse,

@@ -745,7 +745,6 @@ pub async fn commit_adds(
     app_id: &str,
     version: i64,
 ) -> Result<DeltaTable> {
-    use deltalake::kernel::transaction::CommitBuilder;
     let url = table.table_url().to_string();
     let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
     let partitions = snap.metadata().partition_columns().to_vec();
@@ -763,23 +762,37 @@ pub async fn commit_adds(
         .sum();
     let metrics = serde_json::json!({ "num_added_rows": rows, "num_added_files": adds.len() });
     let t = std::time::Instant::now();
-    let finalized = CommitBuilder::from(txn_props_with(
-        app_id,
-        version,
-        [("operationMetrics".to_string(), metrics)],
-    ))
-    .with_actions(
-        adds.into_iter()
-            .map(deltalake::kernel::Action::Add)
-            .collect(),
-    )
-    .build(Some(snap), table.log_store(), operation)
-    .await
-    .map_err(|e| Error::delta(&url, e))?;
+    let props = txn_props_with(app_id, version, [("operationMetrics".to_string(), metrics)]);
+    let actions = adds
+        .into_iter()
+        .map(deltalake::kernel::Action::Add)
+        .collect();
+    let table = commit_actions(table, actions, props, operation).await?;
     super::timings::record(
         format!("append {}", super::timings::table_name(&url)),
         t.elapsed(),
     );
+    Ok(table)
+}
+
+/// Commit `actions` (files kestrel wrote and the ones they replace) to `table` as one
+/// `operation`, with `props` (a txn, `operationMetrics`); returns the table at the new
+/// version, kept open ([`super::tables`]). Delta's conflict checks decide a race with
+/// another writer: the error is then a commit conflict ([`Error::is_commit_conflict`]).
+pub async fn commit_actions(
+    table: DeltaTable,
+    actions: Vec<deltalake::kernel::Action>,
+    props: CommitProperties,
+    operation: deltalake::protocol::DeltaOperation,
+) -> Result<DeltaTable> {
+    use deltalake::kernel::transaction::CommitBuilder;
+    let url = table.table_url().to_string();
+    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
+    let finalized = CommitBuilder::from(props)
+        .with_actions(actions)
+        .build(Some(snap), table.log_store(), operation)
+        .await
+        .map_err(|e| Error::delta(&url, e))?;
     let mut table = table;
     table.state = Some(finalized.snapshot());
     super::tables::keep(&table);

@@ -47,7 +47,6 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::ScalarValue;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::{Action, Remove};
 use deltalake::logstore::object_store::path::Path as ObjPath;
 use deltalake::parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
@@ -253,18 +252,10 @@ pub async fn merge(
         .map(Action::Remove)
         .chain(adds.into_iter().map(Action::Add))
         .collect();
-    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
     let props = delta::txn_props_with(app_id, version, [("operationMetrics".to_string(), metrics)]);
-    let finalized = CommitBuilder::from(props)
-        .with_actions(actions)
-        .build(Some(snap), table.log_store(), operation)
-        .await
-        .map_err(|e| Error::delta(&url, e))?;
-    let mut table = table;
-    table.state = Some(finalized.snapshot());
+    let table = delta::commit_actions(table, actions, props, operation).await?;
     stage("commit", t);
     super::timings::record(format!("merge {name}"), started.elapsed());
-    super::tables::keep(&table);
     Ok((table, counts))
 }
 
@@ -1030,13 +1021,7 @@ mod tests {
                 .unwrap()
                 .0;
         }
-        let paths: std::collections::HashSet<String> = table
-            .snapshot()
-            .unwrap()
-            .log_data()
-            .iter()
-            .map(|f| f.object_store_path().to_string())
-            .collect();
+        let paths = active_paths(&table);
         assert_eq!(paths.len(), 3);
         let hour = i64::from(
             source(&[("k1".into(), Some(1), 0, "upsert")])
@@ -1081,13 +1066,7 @@ mod tests {
             let b = source(&[("k1".into(), Some(1 + 6 * (v - 1)), v, "upsert")]);
             t2 = merge(t2, vec![b], &spec, "app", v).await.unwrap().0;
         }
-        let paths: std::collections::HashSet<String> = t2
-            .snapshot()
-            .unwrap()
-            .log_data()
-            .iter()
-            .map(|f| f.object_store_path().to_string())
-            .collect();
+        let paths = active_paths(&t2);
         let stale = t2.clone();
         merge(t2, vec![b.clone()], &spec, "app", 4).await.unwrap();
         let err = cluster::compact_hour(stale, H, hour, &paths, props.clone(), 32 << 20)
@@ -1096,6 +1075,15 @@ mod tests {
         assert!(err.is_commit_conflict(), "{err}");
         let t2 = wh2.open("gold/t").await.unwrap().unwrap();
         assert_eq!(contents(&t2).await, contents(&merged).await);
+    }
+
+    /// The paths of `table`'s active files.
+    fn active_paths(table: &DeltaTable) -> std::collections::HashSet<String> {
+        let snap = table.snapshot().unwrap();
+        snap.log_data()
+            .iter()
+            .map(|f| f.object_store_path().to_string())
+            .collect()
     }
 
     /// A table with a column the batch does not write is merged by delta-rs, which keeps
