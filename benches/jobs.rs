@@ -896,27 +896,33 @@ async fn read_cost(base: &Path) {
         .unwrap();
         tables.push((days, t, last));
     }
-    let mut times: BTreeMap<i32, Vec<f64>> = BTreeMap::new();
+    // Through kestrel's snapshot scan (`sink::scan`) and through delta-rs's table
+    // provider, alternately.
+    let mut times: BTreeMap<(&str, i32), Vec<f64>> = BTreeMap::new();
     for _ in 0..15 {
-        for (days, t, last) in &tables {
-            let ctx = kestrel::sink::delta::session_with(t, "bronze")
-                .await
-                .unwrap();
-            let f = kestrel::operator::read::batches_between(last - 1, *last);
-            let s = Instant::now();
-            let b = kestrel::operator::read::read(&ctx, "bronze", f, &schema)
-                .await
-                .unwrap();
-            assert_eq!(b.num_rows(), 5_000);
-            times
-                .entry(*days)
-                .or_default()
-                .push(s.elapsed().as_secs_f64() * 1e3);
+        for (provider, delta_rs) in [("snapshot scan", false), ("delta-rs provider", true)] {
+            kestrel::sink::scan::use_delta_rs(delta_rs);
+            for (days, t, last) in &tables {
+                let ctx = kestrel::sink::delta::session_with(t, "bronze")
+                    .await
+                    .unwrap();
+                let f = kestrel::operator::read::batches_between(last - 1, *last);
+                let s = Instant::now();
+                let b = kestrel::operator::read::read(&ctx, "bronze", f, &schema)
+                    .await
+                    .unwrap();
+                assert_eq!(b.num_rows(), 5_000);
+                times
+                    .entry((provider, *days))
+                    .or_default()
+                    .push(s.elapsed().as_secs_f64() * 1e3);
+            }
         }
     }
-    for (days, v) in times {
+    kestrel::sink::scan::use_delta_rs(false);
+    for ((provider, days), v) in times {
         println!(
-            "read of one batch's rows against {days:>3} day files: median {:.1} ms",
+            "read of one batch's rows against {days:>3} day files ({provider}): median {:.1} ms",
             median(v)
         );
     }

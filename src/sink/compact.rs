@@ -112,11 +112,12 @@ pub const HOUR_PARTITION_FILES: usize = 4;
 
 /// What to compact: a partition (as `column → value` pairs), or in a clustered gold
 /// table ([`crate::sink::cluster`]) the small files of one hour of a partition.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Crowded {
     Partition(Vec<(String, String)>),
+    /// The files at `paths` hold `column = value` only (their partition is in their
+    /// paths' actions, which is all the compaction needs).
     Hour {
-        partition: Vec<(String, String)>,
         column: String,
         value: i64,
         paths: Vec<String>,
@@ -186,7 +187,6 @@ fn crowded(
         })
         .map(|((partition, hour), paths)| match (hour, &cluster) {
             (Some(value), Some(column)) => Crowded::Hour {
-                partition,
                 column: column.clone(),
                 value,
                 paths,
@@ -313,7 +313,6 @@ async fn compact_crowded(
                 column,
                 value,
                 paths,
-                ..
             } => {
                 let paths = paths.into_iter().collect();
                 let props = props

@@ -10,6 +10,7 @@ pub mod loglist;
 pub mod merge;
 pub mod probe;
 pub mod quarantine;
+pub mod scan;
 pub mod tables;
 pub mod timings;
 pub mod txn;
