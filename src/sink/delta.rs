@@ -911,14 +911,16 @@ pub async fn register(ctx: &SessionContext, table: &DeltaTable, name: &str) -> R
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| Error::delta(&url, e))?;
-    let provider: Arc<dyn datafusion::catalog::TableProvider> =
-        match (super::scan::enabled(), super::scan::SnapshotTable::try_new(table)?) {
-            (true, Ok(t)) => Arc::new(t),
-            _ => table
-                .table_provider()
-                .await
-                .map_err(|e| Error::query(format!("open {url}"), e))?,
-        };
+    let provider: Arc<dyn datafusion::catalog::TableProvider> = match (
+        super::scan::enabled(),
+        super::scan::SnapshotTable::try_new(table)?,
+    ) {
+        (true, Ok(t)) => Arc::new(t),
+        _ => table
+            .table_provider()
+            .await
+            .map_err(|e| Error::query(format!("open {url}"), e))?,
+    };
     ctx.register_table(name, provider)
         .map_err(|e| Error::query(format!("register {url}"), e))?;
     super::timings::record(

@@ -128,15 +128,15 @@ impl SnapshotTable {
         let to_scan = schema
             .fields()
             .iter()
-            .map(|f| {
-                match partition_columns.iter().position(|c| c == f.name()) {
+            .map(
+                |f| match partition_columns.iter().position(|c| c == f.name()) {
                     Some(i) => file_fields.len() + i,
                     None => file_fields
                         .iter()
                         .position(|g| g.name() == f.name())
                         .unwrap_or_default(),
-                }
-            })
+                },
+            )
             .collect();
         let scan_schema = TableSchema::builder(Arc::new(Schema::new(file_fields)))
             .with_table_partition_cols(partition_fields)
@@ -411,7 +411,10 @@ mod tests {
         let ctx = SessionContext::new();
         delta.update_datafusion_session(&ctx.state()).unwrap();
         let filters: Vec<Expr> = filter.into_iter().collect();
-        let plan = table.scan(&ctx.state(), None, &filters, None).await.unwrap();
+        let plan = table
+            .scan(&ctx.state(), None, &filters, None)
+            .await
+            .unwrap();
         match plan.downcast_ref::<DataSourceExec>() {
             Some(exec) => exec
                 .data_source()
@@ -470,7 +473,10 @@ mod tests {
         let wh = Warehouse::new(
             Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
         );
-        let mut table = wh.open_or_create("t", &schema(false), &["day"]).await.unwrap();
+        let mut table = wh
+            .open_or_create("t", &schema(false), &["day"])
+            .await
+            .unwrap();
         let day_us = 86_400_000_000i64;
         // Three days of three files, then a column added, then two more files.
         let mut v = 0;
@@ -480,7 +486,13 @@ mod tests {
                 let base = day as i64 * day_us + part as i64 * 3_600_000_000;
                 table = delta::append(
                     table,
-                    vec![rows(&format!("d{day}p{part}"), 20_000 + day, base, 50, false)],
+                    vec![rows(
+                        &format!("d{day}p{part}"),
+                        20_000 + day,
+                        base,
+                        50,
+                        false,
+                    )],
                     &["day"],
                     "w",
                     v,
@@ -506,9 +518,8 @@ mod tests {
         let snap = SnapshotTable::try_new(&table).unwrap().unwrap();
         // The columns of delta-rs's provider, in its order.
         let theirs = table.table_provider().await.unwrap().schema();
-        let names = |s: SchemaRef| -> Vec<String> {
-            s.fields().iter().map(|f| f.name().clone()).collect()
-        };
+        let names =
+            |s: SchemaRef| -> Vec<String> { s.fields().iter().map(|f| f.name().clone()).collect() };
         assert_eq!(names(snap.schema()), names(theirs));
         // The last row of day 0's first file is at 49 * 1001 µs = 49.049 ms: its
         // statistics say 49 ms.
@@ -527,14 +538,17 @@ mod tests {
         ];
         for q in &queries {
             let (theirs, ours) = both(&table, q).await;
-            assert!(theirs.len() > 1 || q.contains("< to_timestamp"), "{q}: {theirs:?}");
+            assert!(
+                theirs.len() > 1 || q.contains("< to_timestamp"),
+                "{q}: {theirs:?}"
+            );
             assert_eq!(ours, theirs, "{q}");
         }
         assert_eq!(files_planned(&table, None).await, 11);
         let day = |d: i32| {
-            datafusion::prelude::col("day").eq(datafusion::prelude::lit(
-                ScalarValue::Date32(Some(20_000 + d)),
-            ))
+            datafusion::prelude::col("day").eq(datafusion::prelude::lit(ScalarValue::Date32(Some(
+                20_000 + d,
+            ))))
         };
         assert_eq!(files_planned(&table, Some(day(0))).await, 3);
         assert_eq!(files_planned(&table, Some(day(3))).await, 1);
@@ -551,10 +565,7 @@ mod tests {
             files_planned(&table, Some(at(last_of_first).and(day(0)))).await,
             3
         );
-        assert_eq!(
-            files_planned(&table, Some(at(50_000).and(day(0)))).await,
-            2
-        );
+        assert_eq!(files_planned(&table, Some(at(50_000).and(day(0)))).await, 2);
         let id = datafusion::prelude::col("id").eq(datafusion::prelude::lit("d1p2-7"));
         assert_eq!(files_planned(&table, Some(id)).await, 1);
     }
