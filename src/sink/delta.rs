@@ -911,15 +911,21 @@ pub async fn register(ctx: &SessionContext, table: &DeltaTable, name: &str) -> R
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| Error::delta(&url, e))?;
-    let provider: Arc<dyn datafusion::catalog::TableProvider> = match (
-        super::scan::enabled(),
-        super::scan::SnapshotTable::try_new(table)?,
-    ) {
-        (true, Ok(t)) => Arc::new(t),
-        _ => table
-            .table_provider()
-            .await
-            .map_err(|e| Error::query(format!("open {url}"), e))?,
+    // Kestrel's scan of the snapshot in hand (`super::scan`); delta-rs's provider for
+    // what plain Parquet cannot read.
+    let snapshot = match super::scan::enabled() {
+        true => super::scan::SnapshotTable::try_new(table)?,
+        false => Err("delta-rs's provider chosen".to_string()),
+    };
+    let provider: Arc<dyn datafusion::catalog::TableProvider> = match snapshot {
+        Ok(t) => Arc::new(t),
+        Err(why) => {
+            tracing::debug!(table = %shown(url.clone()), why, "read through delta-rs's table provider");
+            table
+                .table_provider()
+                .await
+                .map_err(|e| Error::query(format!("open {url}"), e))?
+        }
     };
     ctx.register_table(name, provider)
         .map_err(|e| Error::query(format!("register {url}"), e))?;

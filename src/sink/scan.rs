@@ -14,7 +14,7 @@
 //! (`Inexact`), so the statistics only ever skip files, never decide a row.
 //!
 //! What plain Parquet cannot read — deletion vectors, column mapping, type widening —
-//! is left to delta-rs's provider ([`supported`]).
+//! is left to delta-rs's provider ([`unreadable_as_parquet`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub fn enabled() -> bool {
 }
 
 /// Why delta-rs's provider must read `snap` (None: a [`SnapshotTable`] can).
-pub fn supported(snap: &DeltaTableState) -> Option<String> {
+pub fn unreadable_as_parquet(snap: &DeltaTableState) -> Option<String> {
     if let Some(why) = delta::unsupported_layout(snap) {
         return Some(why);
     }
@@ -99,14 +99,14 @@ pub struct SnapshotTable {
 
 impl SnapshotTable {
     /// `table`'s current snapshot as a table; Err when it cannot be read as plain
-    /// Parquet ([`supported`]) or has no snapshot.
+    /// Parquet ([`unreadable_as_parquet`]) or has no snapshot.
     pub fn try_new(table: &DeltaTable) -> crate::error::Result<std::result::Result<Self, String>> {
         let url = table.table_url().clone();
         let state = table
             .snapshot()
             .map_err(|e| crate::error::Error::delta(url.as_str(), e))?
             .clone();
-        if let Some(why) = supported(&state) {
+        if let Some(why) = unreadable_as_parquet(&state) {
             return Ok(Err(why));
         }
         let schema = state.snapshot().arrow_schema();
@@ -603,5 +603,47 @@ mod tests {
         let (theirs, ours) = both(&table, "SELECT n FROM t WHERE k = 'a:b'").await;
         assert_eq!(ours, theirs);
         assert_eq!(ours.len(), 2, "{ours:?}");
+    }
+
+    /// A table whose protocol allows deletion vectors is left to delta-rs's provider
+    /// (plain Parquet would return rows a vector deletes), and reads the same.
+    #[tokio::test]
+    async fn tables_with_deletion_vectors_are_read_by_delta_rs() {
+        use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        std::fs::create_dir_all(&path).unwrap();
+        let s = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)]));
+        let st: deltalake::kernel::StructType = s.as_ref().try_into_kernel().unwrap();
+        deltalake::DeltaTableBuilder::from_url(url::Url::from_directory_path(&path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap()
+            .create()
+            .with_columns(st.fields().cloned())
+            .with_configuration_property(
+                deltalake::TableProperty::EnableDeletionVectors,
+                Some("true"),
+            )
+            .await
+            .unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        );
+        let table = wh.open("t").await.unwrap().unwrap();
+        let why = SnapshotTable::try_new(&table).unwrap().err();
+        assert_eq!(why.as_deref(), Some("deletion vectors"));
+        let b = RecordBatch::try_new(s.clone(), vec![Arc::new(Int64Array::from(vec![1, 2, 3]))])
+            .unwrap();
+        let table = delta::append(table, vec![b], &[], "w", 1).await.unwrap();
+        let ctx = delta::session_with(&table, "t").await.unwrap();
+        let out = delta::sql(&ctx, "SELECT sum(n) AS s FROM t").await.unwrap();
+        let sum = out[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0);
+        assert_eq!(sum, 6);
     }
 }
