@@ -109,13 +109,8 @@ pub fn listing(table: &DeltaTable, root: &url::Url) -> Result<Listing> {
         if f.deletion_vector_descriptor().is_some() {
             return Ok(Listing::Unsupported("deletion vectors".into()));
         }
-        let values = f.partition_values_map();
-        let mut partition = Vec::with_capacity(types.len());
-        for (c, ty) in partition_columns.iter().zip(&types) {
-            let v = delta::partition_value(values.get(c).and_then(|v| v.as_deref()), ty)
-                .map_err(|e| Error::query(format!("partition value {c} of {url}"), e))?;
-            partition.push(v);
-        }
+        let partition = delta::file_partition_values(&f, &partition_columns, &types)
+            .map_err(|e| Error::query(format!("partition values of {url}"), e))?;
         files.push(ActiveFile {
             url: file_url(root, &f.object_store_path())?,
             partition,

@@ -871,6 +871,24 @@ pub fn partition_value(
     }
 }
 
+/// The partition values of the active file `f`, typed as `types` (one per column of
+/// `columns`, the table's partition columns in order).
+pub fn file_partition_values(
+    f: &deltalake::kernel::LogicalFileView,
+    columns: &[String],
+    types: &[arrow::datatypes::DataType],
+) -> datafusion::error::Result<Vec<datafusion::common::ScalarValue>> {
+    if columns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let values = f.partition_values_map();
+    columns
+        .iter()
+        .zip(types)
+        .map(|(c, ty)| partition_value(values.get(c).and_then(|v| v.as_deref()), ty))
+        .collect()
+}
+
 /// A DataFusion session for reading kestrel's tables.
 pub fn session() -> SessionContext {
     SessionContext::new_with_config(session_config())

@@ -36,7 +36,7 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_optimizer::pruning::{PruningPredicateBuilder, PruningStatistics};
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use deltalake::table::state::DeltaTableState;
 use deltalake::DeltaTable;
 use object_store::path::Path;
@@ -162,26 +162,26 @@ impl SnapshotTable {
         }))
     }
 
-    /// Which of the snapshot's files (in `log_data` order) may hold a row `filters`
-    /// keep, by their statistics and partition values.
-    fn keep(&self, state: &dyn Session, filters: &[Expr]) -> DfResult<Vec<bool>> {
+    /// Which of the snapshot's files (in `log_data` order) may hold a row `predicate`
+    /// (bound to the scan's columns) keeps, by their statistics and partition values.
+    fn keep(
+        &self,
+        state: &dyn Session,
+        predicate: Option<&Arc<dyn PhysicalExpr>>,
+    ) -> DfResult<Vec<bool>> {
         let files = self.state.log_data().num_files();
-        let Some(predicate) = conjunction(filters.iter().cloned()) else {
-            return Ok(vec![true; files]);
-        };
-        let df_schema = DFSchema::try_from(self.schema.as_ref().clone())?;
-        let physical = state.create_physical_expr(predicate, &df_schema)?;
         let max_in_list = state.config().options().execution.parquet.max_in_list_size;
-        // A filter the statistics cannot judge reads every file.
-        let Some(pruning) = PruningPredicateBuilder::new()
-            .with_file_schema(self.schema.clone())
-            .with_max_in_list_size(max_in_list)
-            .build(physical)
-        else {
+        // No filter, or one the statistics cannot judge: every file is read.
+        let Some(pruning) = predicate.and_then(|p| {
+            PruningPredicateBuilder::new()
+                .with_file_schema(self.scan_schema.table_schema().clone())
+                .with_max_in_list_size(max_in_list)
+                .build(p.clone())
+        }) else {
             return Ok(vec![true; files]);
         };
         let stats = Stats {
-            table: self,
+            partition_columns: &self.partition_columns,
             log: self.state.log_data(),
         };
         pruning.prune(&stats)
@@ -193,7 +193,7 @@ impl SnapshotTable {
 /// at millisecond precision, truncated, so a file's true maximum may lie up to 999 µs
 /// above the recorded one (delta-rs's own reads round it up the same way).
 struct Stats<'a> {
-    table: &'a SnapshotTable,
+    partition_columns: &'a [String],
     log: deltalake::kernel::LogDataHandler<'a>,
 }
 
@@ -204,7 +204,7 @@ impl PruningStatistics for Stats<'_> {
 
     fn max_values(&self, column: &Column) -> Option<ArrayRef> {
         let max = self.log.max_values(column)?;
-        if self.table.partition_columns.contains(&column.name) {
+        if self.partition_columns.contains(&column.name) {
             return Some(max);
         }
         match max.data_type() {
@@ -270,7 +270,16 @@ impl TableProvider for SnapshotTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let keep = self.keep(state, filters)?;
+        // One predicate, bound to the scan's columns: it skips files here and row groups,
+        // pages and rows in the Parquet scan.
+        let predicate = match conjunction(filters.iter().cloned()) {
+            Some(p) => {
+                let columns = DFSchema::try_from(self.scan_schema.table_schema().as_ref().clone())?;
+                Some(state.create_physical_expr(p, &columns)?)
+            }
+            None => None,
+        };
+        let keep = self.keep(state, predicate.as_ref())?;
         let types: Vec<DataType> = self
             .scan_schema
             .table_partition_cols()
@@ -282,16 +291,7 @@ impl TableProvider for SnapshotTable {
             if !keep {
                 continue;
             }
-            let mut partition = Vec::with_capacity(types.len());
-            if !types.is_empty() {
-                let values = f.partition_values_map();
-                for (c, ty) in self.partition_columns.iter().zip(&types) {
-                    partition.push(delta::partition_value(
-                        values.get(c).and_then(|v| v.as_deref()),
-                        ty,
-                    )?);
-                }
-            }
+            let partition = delta::file_partition_values(&f, &self.partition_columns, &types)?;
             let mut file = PartitionedFile::new("", u64::try_from(f.size()).unwrap_or(0));
             file.object_meta.location =
                 Path::from_iter(self.root.parts().chain(f.object_store_path().parts()));
@@ -318,11 +318,9 @@ impl TableProvider for SnapshotTable {
             .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
                 store, cache,
             )));
-        if let Some(predicate) = conjunction(filters.iter().cloned()) {
-            let scan_schema = DFSchema::try_from(self.scan_schema.table_schema().as_ref().clone())?;
-            let physical = state.create_physical_expr(predicate, &scan_schema)?;
+        if let Some(predicate) = predicate {
             // Rows a filter drops are dropped while decoding (as delta-rs's scan does).
-            source = source.with_predicate(physical).with_pushdown_filters(true);
+            source = source.with_predicate(predicate).with_pushdown_filters(true);
         }
         let config = FileScanConfigBuilder::new(self.store.clone(), Arc::new(source))
             .with_file_groups(groups(files, state.config().target_partitions()))
