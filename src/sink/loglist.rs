@@ -13,6 +13,17 @@
 //! `_delta_log`, a name that would need percent-encoding, a symlink, an I/O error) goes to
 //! the wrapped store unchanged, as does every other operation. Listings of a `_delta_log`
 //! come in name order, as an object store's do (see [`sorted`]).
+//!
+//! Skipping by name still reads the whole directory, and ext4 hashes every entry of a
+//! large directory on each read (≈ 1 µs a file): a table keeps a week of five-minute
+//! commits (≈ 2,500 log files), so a commit still cost ≈ 5 ms more at the end of the week
+//! than at its start. A listing after a version-named offset (what the Delta kernel and
+//! delta-rs ask for) is therefore answered by probing names instead ([`probe_after`]):
+//! Delta commits are contiguous (`put-if-absent` of version n + 1 only after n), so the
+//! commits from version S on are `S.json`, `S+1.json`, … up to the first one missing; at
+//! each version the classic checkpoint and the CRC file are probed too. A few `stat`s a
+//! version, whatever the log holds. The probe gives up and the directory is read whenever
+//! it cannot be sure it saw what a listing would show the kernel (see [`probe_after`]).
 
 use std::sync::Arc;
 
@@ -67,6 +78,9 @@ fn log_after(prefix: &Path, offset: &Path) -> Option<Vec<ObjectMeta>> {
         return None;
     }
     let dir = std::path::PathBuf::from(format!("/{}", prefix.as_ref()));
+    if let Some(v) = probe_after(&dir, prefix.as_ref(), offset.as_ref()) {
+        return Some(v);
+    }
     let mut out = Vec::new();
     walk(&dir, prefix.as_ref(), offset.as_ref(), &mut out)?;
     out.sort_unstable_by(|a, b| a.location.cmp(&b.location));
@@ -142,22 +156,135 @@ fn walk(dir: &std::path::Path, at: &str, offset: &str, out: &mut Vec<ObjectMeta>
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(_) => return None,
         };
-        let modified = meta.modified().ok()?;
-        let micros = modified
-            .duration_since(std::time::SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros();
-        let inode = inode(&meta);
-        out.push(ObjectMeta {
-            location: Path::from(location),
-            last_modified: DateTime::<Utc>::from(modified),
-            size: meta.len(),
-            // object_store's local e-tag: inode, mtime, size.
-            e_tag: Some(format!("{inode:x}-{micros:x}-{:x}", meta.len())),
-            version: None,
-        });
+        out.push(object_meta(location, &meta)?);
     }
     Some(())
+}
+
+/// Versions a probe reads forward at most; a longer run of commits (a listing from
+/// version 0 of an uncheckpointed log, a history) costs less as one directory read.
+const MAX_PROBED_VERSIONS: u64 = 256;
+
+/// The log files a listing of `dir` (the `_delta_log` at object path `at`) after `offset`
+/// would show the Delta kernel, found by name: for each version v from the offset's on,
+/// `{v:020}.checkpoint.parquet`, `{v:020}.crc` and `{v:020}.json`, up to the first version
+/// after the offset's with no commit.
+///
+/// None (read the directory) when the offset is not version-named; when a name is a
+/// symlink, a directory or unreadable; when more than [`MAX_PROBED_VERSIONS`] versions
+/// follow; when neither the offset's version nor the next has a commit or checkpoint and
+/// the version before has none either (a log cleaned up past the offset); and when
+/// `_last_checkpoint` names a version at or after the offset's whose checkpoint the probe
+/// did not find. That last rule covers a multi-part or V2 checkpoint (which only a listing
+/// shows) and a log cleaned up while it was probed: a cleanup deletes only below a
+/// checkpoint, so a gap in the probed commits has the hint beyond it.
+///
+/// Left out, as the listing's readers do without them: multi-part and V2 checkpoints after
+/// the hint's version (the kernel replays those commits instead), log compaction files,
+/// `_last_checkpoint` itself, staged commits and sidecars (the kernel stops reading a
+/// listing at the first name that is not version-named).
+fn probe_after(dir: &std::path::Path, at: &str, offset: &str) -> Option<Vec<ObjectMeta>> {
+    let tail = offset.strip_prefix(at)?.strip_prefix('/')?;
+    let digits = tail.get(..20)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit())
+        || !matches!(tail.as_bytes().get(20), None | Some(b'.'))
+    {
+        return None;
+    }
+    let start: u64 = digits.parse().ok()?;
+    let mut out = Vec::new();
+    let mut checkpoints = Vec::new();
+    let mut found = false;
+    let mut v = start;
+    loop {
+        if v - start > MAX_PROBED_VERSIONS {
+            return None;
+        }
+        let (commit, checkpoint) = probe_version(dir, at, offset, v, &mut out)?;
+        if checkpoint {
+            checkpoints.push(v);
+        }
+        found |= commit || checkpoint;
+        if !commit && v > start {
+            break;
+        }
+        v += 1;
+    }
+    if !found {
+        // Nothing at the offset's version or the next: an offset just after the last
+        // commit if the version before has one, else a log cleaned up past the offset.
+        let before = match start.checked_sub(1) {
+            Some(b) => probe_version(dir, at, offset, b, &mut Vec::new())?,
+            None => (false, false),
+        };
+        if before == (false, false) {
+            return None;
+        }
+    }
+    match std::fs::read(dir.join("_last_checkpoint")) {
+        Ok(bytes) => {
+            let hint: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+            let version = hint.get("version")?.as_u64()?;
+            if version >= start && !checkpoints.contains(&version) {
+                return None;
+            }
+        }
+        // No checkpoint was ever written, so no log was cleaned up either.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => return None,
+    }
+    out.sort_unstable_by(|a, b| a.location.cmp(&b.location));
+    Some(out)
+}
+
+/// Probe version `v`'s classic checkpoint, CRC and commit in `dir`, adding those after
+/// `offset` to `out`. Returns whether the commit and the checkpoint exist; None when a
+/// name is not a plain file or cannot be read.
+fn probe_version(
+    dir: &std::path::Path,
+    at: &str,
+    offset: &str,
+    v: u64,
+    out: &mut Vec<ObjectMeta>,
+) -> Option<(bool, bool)> {
+    let (mut commit, mut checkpoint) = (false, false);
+    for suffix in ["checkpoint.parquet", "crc", "json"] {
+        let name = format!("{v:020}.{suffix}");
+        let meta = match std::fs::symlink_metadata(dir.join(&name)) {
+            Ok(m) if m.is_file() => m,
+            Ok(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return None,
+        };
+        match suffix {
+            "json" => commit = true,
+            "checkpoint.parquet" => checkpoint = true,
+            _ => {}
+        }
+        let location = format!("{at}/{name}");
+        if location.as_str() > offset {
+            out.push(object_meta(location, &meta)?);
+        }
+    }
+    Some((commit, checkpoint))
+}
+
+/// What object_store's local file system says of a file: size, modification time and
+/// its e-tag (inode, mtime, size).
+fn object_meta(location: String, meta: &std::fs::Metadata) -> Option<ObjectMeta> {
+    let modified = meta.modified().ok()?;
+    let micros = modified
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let inode = inode(meta);
+    Some(ObjectMeta {
+        location: Path::from(location),
+        last_modified: DateTime::<Utc>::from(modified),
+        size: meta.len(),
+        e_tag: Some(format!("{inode:x}-{micros:x}-{:x}", meta.len())),
+        version: None,
+    })
 }
 
 #[cfg(unix)]
@@ -318,6 +445,102 @@ mod tests {
         // Not a log directory: the wrapped store answers.
         let table = Path::from_absolute_path(dir.path().join("t")).unwrap();
         assert!(log_after(&table, &offset).is_none());
+    }
+
+    /// The version-named files of object_store's listing of `prefix` after `offset`.
+    async fn version_named(prefix: &Path, offset: &Path) -> Vec<ObjectMeta> {
+        let local = LocalFileSystem::new();
+        listing(&local, prefix, offset)
+            .await
+            .into_iter()
+            .filter(|m| {
+                let name = &m.location.as_ref().as_bytes()[prefix.as_ref().len() + 1..];
+                name.len() > 20
+                    && name[..20].iter().all(u8::is_ascii_digit)
+                    && !name.contains(&b'/')
+            })
+            .collect()
+    }
+
+    /// Listings after a version-named offset are answered by probing names, and show
+    /// every commit, classic checkpoint and CRC file a directory read shows after it; where
+    /// the probe cannot be sure (a log cleaned up past the offset, a checkpoint it cannot
+    /// name, a gap in the commits) the directory is read and the listing is object_store's.
+    #[tokio::test]
+    async fn probed_log_listings_show_the_version_named_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("t/_delta_log");
+        std::fs::create_dir_all(log.join("_commits")).unwrap();
+        for v in 0..30u64 {
+            std::fs::write(log.join(format!("{v:020}.json")), vec![b'x'; v as usize]).unwrap();
+        }
+        for v in [10u64, 20] {
+            std::fs::write(log.join(format!("{v:020}.checkpoint.parquet")), b"c").unwrap();
+        }
+        std::fs::write(log.join("00000000000000000025.crc"), b"{}").unwrap();
+        std::fs::write(log.join("_last_checkpoint"), br#"{"version":20,"size":3}"#).unwrap();
+        std::fs::write(log.join("00000000000000000031.json#1"), b"partial").unwrap();
+        std::fs::write(log.join("_commits/00000000000000000031.uuid.json"), b"s").unwrap();
+        let fast = LogListing::new(Arc::new(LocalFileSystem::new()));
+        let prefix = Path::from_absolute_path(&log).unwrap();
+        let at = |name: &str| Path::from(format!("{}/{name}", prefix.as_ref()));
+        for (offset, files) in [
+            ("00000000000000000000", 33),
+            ("00000000000000000000.json", 32),
+            ("00000000000000000010.checkpoint.parquet", 22),
+            ("00000000000000000020", 12),
+            ("00000000000000000025.crc", 5),
+            ("00000000000000000029", 1),
+            // Just after the last commit: nothing new.
+            ("00000000000000000030", 0),
+        ] {
+            let offset = at(offset);
+            let got = probe_after(&log, prefix.as_ref(), offset.as_ref())
+                .unwrap_or_else(|| panic!("probed after {offset}"));
+            assert_eq!(got, version_named(&prefix, &offset).await, "after {offset}");
+            assert_eq!(got.len(), files, "after {offset}");
+            assert_eq!(
+                listing(&fast, &prefix, &offset).await,
+                got,
+                "after {offset}"
+            );
+        }
+        let probed = |offset: &str| probe_after(&log, prefix.as_ref(), at(offset).as_ref());
+        // Not version-named: the directory.
+        assert!(probed("_last_checkpoint").is_none());
+        // Past the end by more than one version: the probe cannot tell it from a log
+        // cleaned up past the offset.
+        assert!(probed("00000000000000000031").is_none());
+        assert!(probed("_commits/00000000000000000030.json").is_none());
+        // The hint's checkpoint is one the probe cannot name (multi-part).
+        std::fs::rename(
+            log.join("00000000000000000020.checkpoint.parquet"),
+            log.join("00000000000000000020.checkpoint.0000000001.0000000001.parquet"),
+        )
+        .unwrap();
+        assert!(probed("00000000000000000012").is_none());
+        // Before the hint's version, a multi-part checkpoint is nothing the reader needs.
+        assert!(probed("00000000000000000021").is_some());
+        std::fs::rename(
+            log.join("00000000000000000020.checkpoint.0000000001.0000000001.parquet"),
+            log.join("00000000000000000020.checkpoint.parquet"),
+        )
+        .unwrap();
+        // A gap in the commits below the hint's checkpoint (a cleanup under way).
+        std::fs::remove_file(log.join("00000000000000000015.json")).unwrap();
+        assert!(probed("00000000000000000012").is_none());
+        // A log cleaned up past the offset: nothing at 0, 1 or before.
+        for v in 0..16u64 {
+            let _ = std::fs::remove_file(log.join(format!("{v:020}.json")));
+        }
+        assert!(probed("00000000000000000000").is_none());
+        // …and the listing is object_store's, from the directory.
+        let offset = at("00000000000000000000");
+        let want = listing(&LocalFileSystem::new(), &prefix, &offset).await;
+        assert_eq!(listing(&fast, &prefix, &offset).await, want);
+        assert!(want.len() > 15);
+        // From the checkpoint on, the probe answers again.
+        assert!(probed("00000000000000000020").is_some());
     }
 
     /// A log listing comes in name order as it is, whoever answers it (the Delta kernel
