@@ -508,10 +508,10 @@ mod tests {
         let probed = |offset: &str| probe_after(&log, prefix.as_ref(), at(offset).as_ref());
         // Not version-named: the directory.
         assert!(probed("_last_checkpoint").is_none());
+        assert!(probed("_commits/00000000000000000030.json").is_none());
         // Past the end by more than one version: the probe cannot tell it from a log
         // cleaned up past the offset.
         assert!(probed("00000000000000000031").is_none());
-        assert!(probed("_commits/00000000000000000030.json").is_none());
         // The hint's checkpoint is one the probe cannot name (multi-part).
         std::fs::rename(
             log.join("00000000000000000020.checkpoint.parquet"),
