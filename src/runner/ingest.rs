@@ -38,8 +38,8 @@ use crate::runlog::{self, IngestEntry};
 use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::sink::compact;
 use crate::sink::delta::{self, Warehouse};
-use crate::sink::probe;
 use crate::sink::quarantine::{self, QuarantineBuilder};
+use crate::sink::{bloom, probe};
 use crate::source::decode::{decode_file, Decoded, Rejected};
 use crate::source::dedup::{id_hash, DedupSet};
 use crate::source::discover::{self, LandedFile};
@@ -981,7 +981,7 @@ fn dedup_in_memory(
 /// The `incoming` event ids that bronze already holds in the touched event `dates` (rows
 /// of batch `n` itself excepted): see [`probe`].
 async fn existing_ids(
-    incoming: &HashSet<&str, foldhash::fast::RandomState>,
+    incoming: &probe::Incoming<'_, '_>,
     dates: &BTreeSet<i32>,
     bronze: &deltalake::DeltaTable,
     n: i64,
@@ -1044,17 +1044,33 @@ pub(crate) async fn dedup_in_dates(
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     let mut seen: HashSet<&str, foldhash::fast::RandomState> =
         HashSet::with_capacity_and_hasher(total, Default::default());
+    // What the probe needs of each distinct id (its filter hash, the ids' range) is taken
+    // in the same pass, while the id's bytes are at hand: walking the finished set instead
+    // visits the ids in the set's order, a cache miss each (≈ 0.2 s per million ids).
+    let probing = bronze.version().unwrap_or(0) > 0;
+    let mut hashes: Vec<u64> = Vec::with_capacity(if probing { total } else { 0 });
+    let mut range: Option<(&str, &str)> = None;
     let mut masks = Vec::with_capacity(batches.len());
     for b in &batches {
         let id = b.column(id_idx).as_string::<i32>();
         let mask: BooleanArray = id
             .iter()
-            .map(|v| Some(v.is_some_and(|s| seen.insert(s))))
+            .map(|v| {
+                Some(v.is_some_and(|s| {
+                    let first = seen.insert(s);
+                    if first && probing {
+                        hashes.push(bloom::hash(s.as_bytes()));
+                        range = Some(probe::widen(range, s));
+                    }
+                    first
+                }))
+            })
             .collect();
         masks.push(mask);
     }
-    if bronze.version().unwrap_or(0) > 0 {
-        let existing = existing_ids(&seen, dates, bronze, n).await?;
+    if let (true, Some((lo, hi))) = (probing, range) {
+        let incoming = probe::Incoming::with(&seen, hashes, lo, hi);
+        let existing = existing_ids(&incoming, dates, bronze, n).await?;
         if !existing.is_empty() {
             for (b, m) in batches.iter().zip(masks.iter_mut()) {
                 let id = b.column(id_idx).as_string::<i32>();
@@ -1068,16 +1084,139 @@ pub(crate) async fn dedup_in_dates(
             }
         }
     }
-    let mut out = Vec::with_capacity(batches.len());
-    for (b, m) in batches.into_iter().zip(&masks) {
-        if m.true_count() == b.num_rows() {
-            out.push(b);
-            continue;
+    keep_rows(batches, masks).await
+}
+
+/// `batches` with only the rows their `masks` keep, in order (batches left empty are
+/// dropped). The copying is spread over the blocking threads, a few batches each: a
+/// large batch's filter copies every column of a million rows.
+async fn keep_rows(
+    batches: Vec<RecordBatch>,
+    masks: Vec<BooleanArray>,
+) -> Result<Vec<RecordBatch>> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Small batches are filtered in place: a thread is not worth its start.
+    let per_task = if rows < 100_000 {
+        batches.len().max(1)
+    } else {
+        batches.len().div_ceil(threads).max(1)
+    };
+    let mut pairs = batches.into_iter().zip(masks);
+    let mut tasks = Vec::new();
+    loop {
+        let chunk: Vec<(RecordBatch, BooleanArray)> = pairs.by_ref().take(per_task).collect();
+        if chunk.is_empty() {
+            break;
         }
-        let f = filter_record_batch(&b, m)?;
-        if f.num_rows() > 0 {
-            out.push(f);
+        tasks.push(chunk);
+    }
+    let filter = |chunk: Vec<(RecordBatch, BooleanArray)>| -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::with_capacity(chunk.len());
+        for (b, m) in chunk {
+            if m.true_count() == b.num_rows() {
+                out.push(b);
+                continue;
+            }
+            let f = filter_record_batch(&b, &m)?;
+            if f.num_rows() > 0 {
+                out.push(f);
+            }
         }
+        Ok(out)
+    };
+    if tasks.len() == 1 {
+        return tasks.pop().map_or(Ok(Vec::new()), filter);
+    }
+    let joined = futures::future::join_all(
+        tasks
+            .into_iter()
+            .map(|chunk| tokio::task::spawn_blocking(move || filter(chunk))),
+    )
+    .await;
+    let mut out = Vec::new();
+    for r in joined {
+        let kept = r.map_err(|source| Error::Task {
+            what: "filtering a batch's duplicate rows".into(),
+            source,
+        })??;
+        out.extend(kept);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    /// The rows kept across threads are the rows a one-by-one filter keeps, in order,
+    /// with empty batches dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_rows_are_in_order_whichever_thread_filtered_them() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+        ]));
+        let mut batches = Vec::new();
+        let mut masks = Vec::new();
+        let mut next = 0i64;
+        // 9 batches of 20k rows (above the threshold for threads): every 7th row dropped,
+        // batch 4 dropped whole, batch 6 kept whole.
+        for b in 0..9 {
+            let n: Vec<i64> = (next..next + 20_000).collect();
+            next += 20_000;
+            let s: Vec<String> = n.iter().map(|v| format!("id-{v}")).collect();
+            batches.push(
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(n.clone())),
+                        Arc::new(StringArray::from(s)),
+                    ],
+                )
+                .unwrap(),
+            );
+            masks.push(BooleanArray::from(
+                n.iter()
+                    .map(|v| b != 4 && (b == 6 || v % 7 != 0))
+                    .collect::<Vec<_>>(),
+            ));
+        }
+        let expected: Vec<i64> = (0..next)
+            .filter(|v| {
+                let b = v / 20_000;
+                b != 4 && (b == 6 || v % 7 != 0)
+            })
+            .collect();
+        let kept = keep_rows(batches, masks).await.unwrap();
+        assert_eq!(kept.len(), 8, "the emptied batch is dropped");
+        let got: Vec<i64> = kept
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(got, expected);
+        let strings: Vec<String> = kept
+            .iter()
+            .flat_map(|b| {
+                let s = b.column(1).as_string::<i32>();
+                (0..s.len())
+                    .map(|i| s.value(i).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            strings,
+            expected
+                .iter()
+                .map(|v| format!("id-{v}"))
+                .collect::<Vec<_>>()
+        );
+    }
 }

@@ -86,40 +86,101 @@ pub struct Probe<'a> {
     pub exclude: Option<(&'a str, i64)>,
 }
 
+/// The values a probe asks about, prepared once: the set itself, each value's filter
+/// hash and the range of the values.
+pub struct Incoming<'s, 'a> {
+    ids: &'s Ids<'a>,
+    /// [`bloom::hash`] of each value, in hash order, which is block order in every filter
+    /// (a block is picked by the hash's upper bits), so a check of all values walks each
+    /// filter front to back instead of jumping around it.
+    hashes: Arc<Vec<u64>>,
+    lo: &'a str,
+    hi: &'a str,
+}
+
+impl<'s, 'a> Incoming<'s, 'a> {
+    /// Prepared from the set alone (`None` when it is empty). Walking a large set touches
+    /// its values in memory order of the set, not of their buffers: the caller that
+    /// builds the set from Arrow arrays should use [`Incoming::with`] instead.
+    pub fn of(ids: &'s Ids<'a>) -> Option<Self> {
+        let mut hashes = Vec::with_capacity(ids.len());
+        let mut range: Option<(&'a str, &'a str)> = None;
+        for id in ids.iter() {
+            hashes.push(bloom::hash(id.as_bytes()));
+            range = Some(widen(range, id));
+        }
+        let (lo, hi) = range?;
+        Some(Self::with(ids, hashes, lo, hi))
+    }
+
+    /// How many values.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// No values (never, as built).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Prepared by the caller while it built `ids`: `hashes` holds [`bloom::hash`] of
+    /// every value of `ids` (any order), `lo` and `hi` their least and greatest.
+    pub fn with(ids: &'s Ids<'a>, mut hashes: Vec<u64>, lo: &'a str, hi: &'a str) -> Self {
+        debug_assert_eq!(hashes.len(), ids.len());
+        hashes.sort_unstable();
+        Incoming {
+            ids,
+            hashes: Arc::new(hashes),
+            lo,
+            hi,
+        }
+    }
+}
+
+/// `range` widened to hold `v`.
+pub fn widen<'a>(range: Option<(&'a str, &'a str)>, v: &'a str) -> (&'a str, &'a str) {
+    match range {
+        None => (v, v),
+        Some((lo, hi)) => (lo.min(v), hi.max(v)),
+    }
+}
+
 /// The ids of `incoming` that bronze (`table`) holds in partitions `event_date` ∈
 /// `dates` (`YYYY-MM-DD`), ignoring rows of ingestion batch `exclude_batch`.
 pub async fn existing_ids(
     table: &DeltaTable,
     dates: &[String],
     exclude_batch: i64,
-    incoming: &Ids<'_>,
+    incoming: &Incoming<'_, '_>,
 ) -> Result<Found> {
     let probe = Probe {
         column: "event_id",
         partition: (crate::schema::EVENT_DATE, dates),
         exclude: Some((crate::schema::BATCH_ID, exclude_batch)),
     };
-    existing(table, &probe, incoming).await
+    existing_prepared(table, &probe, incoming).await
 }
 
 /// The values of `incoming` that `table` holds in `probe.column`, in the partitions and
 /// outside the rows `probe` names.
 pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>) -> Result<Found> {
+    match Incoming::of(incoming) {
+        Some(prepared) => existing_prepared(table, probe, &prepared).await,
+        None => Ok(Found::default()),
+    }
+}
+
+/// [`existing`] with the values prepared by the caller.
+pub async fn existing_prepared(
+    table: &DeltaTable,
+    probe: &Probe<'_>,
+    incoming: &Incoming<'_, '_>,
+) -> Result<Found> {
     let mut found = Found::default();
-    let (Some(lo), Some(hi)) = (incoming.iter().min(), incoming.iter().max()) else {
-        return Ok(found);
-    };
     let started = std::time::Instant::now();
-    // Each id hashed once, for every row group's filter; in hash order, which is block
-    // order in every filter (a block is picked by the hash's upper bits), so a check of
-    // all ids walks each filter front to back instead of jumping around it.
-    let mut hashes: Vec<u64> = incoming
-        .iter()
-        .map(|id| bloom::hash(id.as_bytes()))
-        .collect();
-    hashes.sort_unstable();
-    let hashes: Arc<Vec<u64>> = Arc::new(hashes);
-    let hashes = &hashes;
+    let (lo, hi) = (incoming.lo, incoming.hi);
+    let hashes = &incoming.hashes;
+    let incoming = incoming.ids;
     let snap = table
         .snapshot()
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
@@ -356,5 +417,36 @@ impl AsyncFileReader for Reader {
             Ok(Arc::new(meta))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller's preparation (hashes in its own order, range as it went) is the set's.
+    #[test]
+    fn prepared_incoming_equals_the_sets_own() {
+        let values = ["m", "b", "zz", "a0", "q", "b"];
+        let ids: Ids<'_> = values.iter().copied().collect();
+        let mut hashes = Vec::new();
+        let mut range = None;
+        let mut seen = HashSet::new();
+        for v in values {
+            if seen.insert(v) {
+                hashes.push(bloom::hash(v.as_bytes()));
+                range = Some(widen(range, v));
+            }
+        }
+        let (lo, hi) = range.unwrap();
+        let by_caller = Incoming::with(&ids, hashes, lo, hi);
+        let by_set = Incoming::of(&ids).unwrap();
+        assert_eq!((by_caller.lo, by_caller.hi), ("a0", "zz"));
+        assert_eq!((by_set.lo, by_set.hi), ("a0", "zz"));
+        assert_eq!(by_caller.hashes, by_set.hashes);
+        assert!(by_caller.hashes.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(by_caller.len(), 5);
+        let empty: Ids<'_> = Ids::default();
+        assert!(Incoming::of(&empty).is_none());
     }
 }
