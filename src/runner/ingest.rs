@@ -1124,8 +1124,8 @@ mod tests {
         let mut batches = Vec::new();
         let mut masks = Vec::new();
         let mut next = 0i64;
-        // 9 batches of 20k rows: every 7th row dropped,
-        // batch 4 dropped whole, batch 6 kept whole.
+        // 9 batches of 20k rows: every 7th row dropped, batch 4 dropped whole, batch 6
+        // kept whole.
         for b in 0..9 {
             let n: Vec<i64> = (next..next + 20_000).collect();
             next += 20_000;
