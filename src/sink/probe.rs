@@ -171,7 +171,7 @@ pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>)
 }
 
 /// [`existing`] with the values prepared by the caller.
-pub async fn existing_prepared(
+async fn existing_prepared(
     table: &DeltaTable,
     probe: &Probe<'_>,
     incoming: &Incoming<'_, '_>,
