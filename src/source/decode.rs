@@ -21,6 +21,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 
 use super::cdc::{push_change, ChangeLayout};
 use super::discover::Format;
+use super::flat;
 use super::validate::{Cell, FileContext, RowAssembler};
 use crate::error::Result;
 use crate::schema::cdc::CdcSpec;
@@ -304,7 +305,11 @@ impl NdjsonDecoder {
         }
         cells.clear();
         cells.resize(names.len(), Cell::Missing);
-        let parsed = {
+        let parsed = if flat::object(line, names, cells) {
+            Ok(())
+        } else {
+            cells.clear();
+            cells.resize(names.len(), Cell::Missing);
             let mut de = serde_json::Deserializer::from_slice(line);
             let seed = RowSeed { names, cells };
             seed.deserialize(&mut de).and_then(|()| de.end())

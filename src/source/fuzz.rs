@@ -11,9 +11,10 @@ use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::decode::{decode_file, decode_ndjson, Decoded, NdjsonDecoder};
+use super::decode::{decode_file, decode_ndjson, Decoded, NdjsonDecoder, RowSeed};
 use super::discover::Format;
-use super::validate::FileContext;
+use super::flat;
+use super::validate::{Cell, FileContext};
 use crate::schema::SourceSchema;
 
 fn orders() -> Arc<SourceSchema> {
@@ -139,6 +140,41 @@ fn records_in(text: &[u8]) -> usize {
         .count()
 }
 
+/// An order line with a few bytes changed, inserted or removed, from the characters
+/// that decide the flat reader's cases (quotes, escapes, digits, signs, fractions,
+/// separators, whitespace, `null`'s letters, non-ASCII and invalid UTF-8).
+fn edited_line() -> impl Strategy<Value = Vec<u8>> {
+    let byte = prop::sample::select(b"\"\\-+0123456789.eE,:{}[] \t\rnul\x01\xc3\xa9\xff".to_vec());
+    let edit = (any::<prop::sample::Index>(), 0..3u8, byte);
+    (order_line(), prop::collection::vec(edit, 0..4)).prop_map(|(line, edits)| {
+        let mut b = line.into_bytes();
+        for (at, kind, c) in edits {
+            let i = at.index(b.len() + 1);
+            match kind {
+                0 if i < b.len() => b[i] = c,
+                1 if i < b.len() => {
+                    b.remove(i);
+                }
+                _ => b.insert(i, c),
+            }
+        }
+        b
+    })
+}
+
+/// The cells the full (serde) reader makes of a line, or None when it fails.
+fn full_read<'a>(line: &'a [u8], names: &[&str]) -> Option<Vec<Cell<'a>>> {
+    use serde::de::DeserializeSeed;
+    let mut cells = vec![Cell::Missing; names.len()];
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let seed = RowSeed {
+        names,
+        cells: &mut cells,
+    };
+    seed.deserialize(&mut de).and_then(|()| de.end()).ok()?;
+    Some(cells)
+}
+
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).unwrap();
@@ -165,6 +201,20 @@ proptest! {
         prop_assert_eq!(rows + rejects, want);
         let gz = decode_file(Bytes::from(gzip(&text)), Format::NdjsonGz, &schema, &ctx()).unwrap();
         prop_assert_eq!(accounting(gz), Some((rows, rejects, records)));
+    }
+
+    /// The flat reader (the fast path of the common line) reads a line exactly as the full
+    /// reader does, or declines it.
+    #[test]
+    fn the_flat_reader_reads_as_the_full_one_or_declines(
+        line in prop_oneof![4 => edited_line(), 1 => line()],
+    ) {
+        let schema = orders();
+        let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+        let mut cells = vec![Cell::Missing; names.len()];
+        if flat::object(&line, &names, &mut cells) {
+            prop_assert_eq!(Some(cells), full_read(&line, &names), "{}", String::from_utf8_lossy(&line));
+        }
     }
 
     /// NDJSON fed in pieces cut anywhere (as a large file is read in ranges) decodes
@@ -259,6 +309,23 @@ proptest! {
                 prop_assert!(rows[row].1.is_none(), "{}", r.reason);
             }
         }
+    }
+}
+
+/// Lines as producers write them take the flat reader's path, and it reads them as the
+/// full reader does (the property above only compares the lines it takes).
+#[test]
+fn the_flat_reader_takes_the_common_line() {
+    let schema = orders();
+    let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
+    for line in [
+        r#"{"event_id":"0b7e2c1a-6a43-4f0e-9d51-2f5c8f1e9a10","event_ts":"2025-11-24T10:00:00.123Z","order_id":"o-17","sku":"SKU-0042","quantity":2,"amount_cents":1998}"#,
+        r#"{"event_id":"e2","event_ts":1763978400000,"order_id":"o-18","sku":"Café","quantity":-1,"amount_cents":0,"channel":"web"}"#,
+        "{ \"event_id\" : \"e3\",\t\"event_ts\": \"2025-11-24T10:00:00+01:00\", \"order_id\": null, \"sku\": \"s\", \"quantity\": 1, \"amount_cents\": 5 }\r",
+    ] {
+        let mut cells = vec![Cell::Missing; names.len()];
+        assert!(flat::object(line.as_bytes(), &names, &mut cells), "{line}");
+        assert_eq!(Some(cells), full_read(line.as_bytes(), &names), "{line}");
     }
 }
 

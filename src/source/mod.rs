@@ -4,6 +4,7 @@ mod cdc;
 pub mod decode;
 pub mod dedup;
 pub mod discover;
+mod flat;
 pub mod read;
 pub mod validate;
 

@@ -1,0 +1,226 @@
+//! The common shape of an event line, read without a JSON parser: one flat object whose
+//! values are strings without escapes, integers and nulls.
+//!
+//! [`object`] either fills the cells exactly as the serde visitor of
+//! [`super::decode`] would for that line, or declines (returns false) and leaves the line
+//! to it. It declines at the first thing outside the common shape — an escape, a
+//! control character or invalid UTF-8 in a string, a fraction, an exponent, `-0`, more
+//! than 18 digits, `true`/`false`, a nested value, a repeated field, anything after the
+//! object — so every error message, and every value of an unusual line, stays serde's.
+//! Only the common line is faster: no per-field visitor calls, the key compared once.
+
+use std::borrow::Cow;
+
+use super::validate::Cell;
+
+/// JSON's insignificant whitespace.
+fn ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// A cursor over one line.
+struct Cursor<'de> {
+    b: &'de [u8],
+    at: usize,
+}
+
+impl<'de> Cursor<'de> {
+    fn skip_ws(&mut self) {
+        while self.at < self.b.len() && ws(self.b[self.at]) {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.at).copied()
+    }
+
+    /// A string whose opening quote is at the cursor: its text, when it holds no escape
+    /// and no control character and is valid UTF-8.
+    fn string(&mut self) -> Option<&'de str> {
+        let start = self.at + 1;
+        let mut i = start;
+        loop {
+            let c = *self.b.get(i)?;
+            if c == b'"' {
+                break;
+            }
+            if c == b'\\' || c < 0x20 {
+                return None;
+            }
+            i += 1;
+        }
+        self.at = i + 1;
+        std::str::from_utf8(&self.b[start..i]).ok()
+    }
+
+    /// An integer of at most 18 digits (always within i64), in JSON's grammar and
+    /// ending where a value ends; `-0` and anything written as a float are declined.
+    fn integer(&mut self) -> Option<i64> {
+        let neg = self.peek() == Some(b'-');
+        let start = self.at + usize::from(neg);
+        let mut i = start;
+        let mut v: i64 = 0;
+        while let Some(c) = self.b.get(i).filter(|c| c.is_ascii_digit()) {
+            if i - start == 18 {
+                return None;
+            }
+            v = v * 10 + i64::from(c - b'0');
+            i += 1;
+        }
+        let digits = &self.b[start..i];
+        let leading_zero = digits.len() > 1 && digits[0] == b'0';
+        if digits.is_empty() || leading_zero || (neg && v == 0) {
+            return None;
+        }
+        // A fraction or exponent (or anything else glued on) is serde's to read.
+        if let Some(&c) = self.b.get(i) {
+            if !(ws(c) || c == b',' || c == b'}') {
+                return None;
+            }
+        }
+        self.at = i;
+        Some(if neg { -v } else { v })
+    }
+
+    /// `null`, ending where a value ends.
+    fn null(&mut self) -> bool {
+        let end = self.at + 4;
+        let ends = self
+            .b
+            .get(end)
+            .is_none_or(|c| ws(*c) || *c == b',' || *c == b'}');
+        if self.b.get(self.at..end) == Some(b"null") && ends {
+            self.at = end;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A value of the common shape.
+    fn value(&mut self) -> Option<Cell<'de>> {
+        match self.peek()? {
+            b'"' => self.string().map(|s| Cell::Str(Cow::Borrowed(s))),
+            b'-' | b'0'..=b'9' => self.integer().map(Cell::Int),
+            b'n' => self.null().then_some(Cell::Null),
+            _ => None,
+        }
+    }
+}
+
+/// Read `line` as one flat object into `cells` (one per name of `names`, all
+/// [`Cell::Missing`] on entry). False when the line is not of the common shape; `cells`
+/// may then be partly filled, and the caller reads the line again the full way.
+pub(super) fn object<'de>(line: &'de [u8], names: &[&str], cells: &mut [Cell<'de>]) -> bool {
+    let mut c = Cursor { b: line, at: 0 };
+    c.skip_ws();
+    if c.peek() != Some(b'{') {
+        return false;
+    }
+    c.at += 1;
+    c.skip_ws();
+    if c.peek() == Some(b'}') {
+        c.at += 1;
+    } else {
+        loop {
+            if c.peek() != Some(b'"') {
+                return false;
+            }
+            let Some(key) = c.string() else {
+                return false;
+            };
+            c.skip_ws();
+            if c.peek() != Some(b':') {
+                return false;
+            }
+            c.at += 1;
+            c.skip_ws();
+            let Some(value) = c.value() else {
+                return false;
+            };
+            // Unknown fields are ignored, as by the full reader; a repeated one is its
+            // to reject.
+            if let Some(i) = names.iter().position(|n| *n == key) {
+                if cells[i] != Cell::Missing {
+                    return false;
+                }
+                cells[i] = value;
+            }
+            c.skip_ws();
+            match c.peek() {
+                Some(b',') => {
+                    c.at += 1;
+                    c.skip_ws();
+                }
+                Some(b'}') => {
+                    c.at += 1;
+                    break;
+                }
+                _ => return false,
+            }
+        }
+    }
+    c.skip_ws();
+    c.at == line.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: [&str; 3] = ["a", "b", "c"];
+
+    fn read(line: &str) -> Option<Vec<Cell<'_>>> {
+        let mut cells = vec![Cell::Missing; NAMES.len()];
+        object(line.as_bytes(), &NAMES, &mut cells).then_some(cells)
+    }
+
+    #[test]
+    fn the_common_shape_is_read() {
+        let cells = read(r#" { "a" : "xéy" ,"b":-12,"zz":"ignored", "c":null } "#).unwrap();
+        assert_eq!(
+            cells,
+            vec![Cell::Str("x\u{e9}y".into()), Cell::Int(-12), Cell::Null]
+        );
+        assert_eq!(read("{}").unwrap(), vec![Cell::Missing; 3]);
+        assert_eq!(read(r#"{"b":0}"#).unwrap()[1], Cell::Int(0));
+        assert_eq!(
+            read(r#"{"b":999999999999999999}"#).unwrap()[1],
+            Cell::Int(999_999_999_999_999_999)
+        );
+    }
+
+    #[test]
+    fn anything_else_is_declined() {
+        for line in [
+            r#"{"a":"x\"y"}"#,
+            "{\"a\":\"tab\there\"}",
+            r#"{"b":1.5}"#,
+            r#"{"b":1e3}"#,
+            r#"{"b":-0}"#,
+            r#"{"b":01}"#,
+            r#"{"b":1234567890123456789}"#,
+            r#"{"b":-}"#,
+            r#"{"b":true}"#,
+            r#"{"b":nul}"#,
+            r#"{"b":nullx}"#,
+            r#"{"b":[1]}"#,
+            r#"{"b":{}}"#,
+            r#"{"a":"x","a":"y"}"#,
+            r#"{"a":"x",}"#,
+            r#"{"a":"x"} x"#,
+            r#"{"a":"x""#,
+            r#"{"a" "x"}"#,
+            r#"[1]"#,
+            "",
+            r#"{"a":"x"}{}"#,
+            r#"{"b":12"#,
+        ] {
+            assert!(read(line).is_none(), "{line}");
+        }
+        // Invalid UTF-8 inside a string.
+        let mut cells = vec![Cell::Missing; 3];
+        assert!(!object(b"{\"a\":\"\xff\"}", &NAMES, &mut cells));
+    }
+}
