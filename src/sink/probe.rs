@@ -261,7 +261,8 @@ async fn probe_file(
         Some((name, value)) => Some((column(name).ok_or_else(|| lacks(name))?, name, value)),
         None => None,
     };
-    let mut candidates: Vec<(usize, Option<bloom::Filter>)> = Vec::new();
+    // Row groups the id range leaves in, and where their filters lie.
+    let mut kept: Vec<(usize, Option<std::ops::Range<u64>>)> = Vec::new();
     for rg in 0..meta.num_row_groups() {
         let chunk = meta.row_group(rg).column(id_col);
         if let Some(Statistics::ByteArray(s)) = chunk.statistics() {
@@ -273,20 +274,33 @@ async fn probe_file(
                 continue;
             }
         }
-        // The filter's bytes, read once and checked where they lie; the Parquet reader's
-        // own path (which copies the bitset twice more) only for an unusual header.
-        let mut filter = None;
-        if let (Some(off), Some(len)) = (chunk.bloom_filter_offset(), chunk.bloom_filter_length()) {
-            let (off, len) = (off as u64, len as u64);
-            let raw = store
-                .get_range(&path, off..off + len)
-                .await
-                .map_err(|source| ProbeError::Store {
-                    what: what(),
-                    source,
-                })?;
-            filter = bloom::Filter::from_column_chunk(raw);
-        }
+        let at = match (chunk.bloom_filter_offset(), chunk.bloom_filter_length()) {
+            (Some(off), Some(len)) => Some(off as u64..off as u64 + len as u64),
+            _ => None,
+        };
+        kept.push((rg, at));
+    }
+    // The filters' bytes, all of the file's in one request (one open of a local file, or
+    // parallel ranges on an object store), checked where they lie; the Parquet reader's
+    // own path (which copies the bitset twice more) only for an unusual header.
+    let ranges: Vec<std::ops::Range<u64>> = kept.iter().filter_map(|(_, r)| r.clone()).collect();
+    let mut raws = if ranges.is_empty() {
+        Vec::new()
+    } else {
+        store
+            .get_ranges(&path, &ranges)
+            .await
+            .map_err(|source| ProbeError::Store {
+                what: what(),
+                source,
+            })?
+    }
+    .into_iter();
+    let mut candidates: Vec<(usize, Option<bloom::Filter>)> = Vec::with_capacity(kept.len());
+    for (rg, at) in kept {
+        let mut filter = at
+            .and_then(|_| raws.next())
+            .and_then(bloom::Filter::from_column_chunk);
         if filter.is_none() {
             filter = match builder
                 .get_row_group_column_bloom_filter(rg, id_col)
