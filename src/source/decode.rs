@@ -206,9 +206,11 @@ impl NdjsonDecoder {
         let schema = self.schema.clone();
         let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
         let mut cells: Vec<Cell<'_>> = Vec::with_capacity(names.len());
-        for line in data[..end].split(|b| *b == b'\n') {
+        let mut from = 0;
+        for nl in memchr::memchr_iter(b'\n', &data[..=end]) {
             self.lines += 1;
-            self.line(line, &names, &mut cells);
+            self.line(&data[from..nl], &names, &mut cells);
+            from = nl + 1;
         }
         self.extend_carry(&data[end + 1..]);
     }

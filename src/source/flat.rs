@@ -18,6 +18,18 @@ fn ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
+/// Whether any byte of `w` is `"`, `\\` or below 0x20. Exact for "any" (the classic
+/// zero-byte tests: a byte's flag may be wrong only above a byte that is truly flagged).
+fn special(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x;
+    let quote = w ^ (ONES * u64::from(b'"'));
+    let slash = w ^ (ONES * u64::from(b'\\'));
+    let control = w.wrapping_sub(ONES * 0x20) & !w;
+    (zero(quote) | zero(slash) | control) & HIGH != 0
+}
+
 /// A cursor over one line.
 struct Cursor<'de> {
     b: &'de [u8],
@@ -40,6 +52,17 @@ impl<'de> Cursor<'de> {
     fn string(&mut self) -> Option<&'de str> {
         let start = self.at + 1;
         let mut i = start;
+        // Eight bytes at a time up to the first word that may hold the closing quote, a
+        // backslash or a control character (the byte test below decides which).
+        while let Some(word) = self.b.get(i..i + 8) {
+            let Ok(word) = <[u8; 8]>::try_from(word) else {
+                break;
+            };
+            if special(u64::from_le_bytes(word)) {
+                break;
+            }
+            i += 8;
+        }
         loop {
             let c = *self.b.get(i)?;
             if c == b'"' {
@@ -123,6 +146,9 @@ pub(super) fn object<'de>(line: &'de [u8], names: &[&str], cells: &mut [Cell<'de
     if c.peek() == Some(b'}') {
         c.at += 1;
     } else {
+        // Fields usually come in the schema's order: the one after the last is tried
+        // first.
+        let mut next = 0;
         loop {
             if c.peek() != Some(b'"') {
                 return false;
@@ -141,11 +167,16 @@ pub(super) fn object<'de>(line: &'de [u8], names: &[&str], cells: &mut [Cell<'de
             };
             // Unknown fields are ignored, as by the full reader; a repeated one is its
             // to reject.
-            if let Some(i) = names.iter().position(|n| *n == key) {
+            let at = match names.get(next) {
+                Some(n) if *n == key => Some(next),
+                _ => names.iter().position(|n| *n == key),
+            };
+            if let Some(i) = at {
                 if cells[i] != Cell::Missing {
                     return false;
                 }
                 cells[i] = value;
+                next = i + 1;
             }
             c.skip_ws();
             match c.peek() {
@@ -189,6 +220,32 @@ mod tests {
             read(r#"{"b":999999999999999999}"#).unwrap()[1],
             Cell::Int(999_999_999_999_999_999)
         );
+    }
+
+    /// The word test flags exactly the words holding a quote, a backslash or a control
+    /// character, wherever it lies and whatever the other bytes are.
+    #[test]
+    fn the_word_test_finds_every_special_byte() {
+        let fillers = [
+            b'a', b' ', b'~', 0x7f, 0x80, 0xc3, 0xff, b'!', b'#', b'[', b']',
+        ];
+        for pos in 0..8 {
+            for filler in fillers {
+                for b in 0..=255u8 {
+                    let mut word = [filler; 8];
+                    word[pos] = b;
+                    let want = b == b'"' || b == b'\\' || b < 0x20;
+                    assert_eq!(special(u64::from_le_bytes(word)), want, "{word:?}");
+                }
+            }
+        }
+        // Strings longer than a word, with the quote at every offset.
+        for len in 0..40 {
+            let text = format!("{{\"a\":\"{}\"}}", "x".repeat(len));
+            assert_eq!(read(&text).unwrap()[0], Cell::Str("x".repeat(len).into()));
+            let escaped = format!("{{\"a\":\"{}\\n\"}}", "x".repeat(len));
+            assert!(read(&escaped).is_none(), "{escaped}");
+        }
     }
 
     #[test]
