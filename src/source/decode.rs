@@ -3,7 +3,9 @@
 //! NDJSON is parsed one line at a time with a serde visitor that borrows strings from the
 //! file buffer and hands typed [`Cell`]s to the [`RowAssembler`] — one pass, no
 //! intermediate JSON values, and (unlike arrow-json) no coercion of quoted numbers or
-//! truncation of fractions. A bad line is quarantined; the rest of the file goes on.
+//! truncation of fractions. The common line (a flat object of escape-free strings,
+//! integers and nulls) is read by [`super::flat`] first, which declines anything else to
+//! the visitor. A bad line is quarantined; the rest of the file goes on.
 //! A file that cannot be read whole (truncated gzip, Parquet with the wrong schema,
 //! empty) is rejected whole.
 
