@@ -312,11 +312,7 @@ impl NdjsonDecoder {
         let parsed = if flat::object(line, names, cells) {
             Ok(())
         } else {
-            cells.clear();
-            cells.resize(names.len(), Cell::Missing);
-            let mut de = serde_json::Deserializer::from_slice(line);
-            let seed = RowSeed { names, cells };
-            seed.deserialize(&mut de).and_then(|()| de.end())
+            read_line(line, names, cells)
         };
         let outcome = match parsed {
             Ok(()) => self.asm.push(cells, self.lines, self.landed_at_us),
@@ -361,6 +357,20 @@ fn finish(
         rejects,
         records,
     })
+}
+
+/// One line read the full way (serde's visitor) into `cells`, one per name of `names`,
+/// each reset to [`Cell::Missing`] first.
+pub(super) fn read_line<'de>(
+    line: &'de [u8],
+    names: &[&str],
+    cells: &mut Vec<Cell<'de>>,
+) -> serde_json::Result<()> {
+    cells.clear();
+    cells.resize(names.len(), Cell::Missing);
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let seed = RowSeed { names, cells };
+    seed.deserialize(&mut de).and_then(|()| de.end())
 }
 
 pub(super) struct RowSeed<'s, 'de> {

@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::decode::{decode_file, decode_ndjson, Decoded, NdjsonDecoder, RowSeed};
+use super::decode::{decode_file, decode_ndjson, read_line, Decoded, NdjsonDecoder};
 use super::discover::Format;
 use super::flat;
 use super::validate::{Cell, FileContext};
@@ -162,16 +162,10 @@ fn edited_line() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// The cells the full (serde) reader makes of a line, or None when it fails.
+/// The cells the decoder's full (serde) path makes of a line, or None when it fails.
 fn full_read<'a>(line: &'a [u8], names: &[&str]) -> Option<Vec<Cell<'a>>> {
-    use serde::de::DeserializeSeed;
-    let mut cells = vec![Cell::Missing; names.len()];
-    let mut de = serde_json::Deserializer::from_slice(line);
-    let seed = RowSeed {
-        names,
-        cells: &mut cells,
-    };
-    seed.deserialize(&mut de).and_then(|()| de.end()).ok()?;
+    let mut cells = Vec::new();
+    read_line(line, names, &mut cells).ok()?;
     Some(cells)
 }
 
