@@ -78,8 +78,9 @@ impl<'de> Cursor<'de> {
         std::str::from_utf8(&self.b[start..i]).ok()
     }
 
-    /// An integer of at most 18 digits (always within i64), in JSON's grammar and
-    /// ending where a value ends; `-0` and anything written as a float are declined.
+    /// An integer of at most 18 digits (always within i64), in JSON's grammar; `-0` is
+    /// declined. A fraction or exponent after the digits is left at the cursor, where
+    /// [`object`] declines it as it does anything but `,` or `}` after a value.
     fn integer(&mut self) -> Option<i64> {
         let neg = self.peek() == Some(b'-');
         let start = self.at + usize::from(neg);
@@ -97,24 +98,14 @@ impl<'de> Cursor<'de> {
         if digits.is_empty() || leading_zero || (neg && v == 0) {
             return None;
         }
-        // A fraction or exponent (or anything else glued on) is serde's to read.
-        if let Some(&c) = self.b.get(i) {
-            if !(ws(c) || c == b',' || c == b'}') {
-                return None;
-            }
-        }
         self.at = i;
         Some(if neg { -v } else { v })
     }
 
-    /// `null`, ending where a value ends.
+    /// `null` (anything glued on after it is declined by [`object`], as after any value).
     fn null(&mut self) -> bool {
         let end = self.at + 4;
-        let ends = self
-            .b
-            .get(end)
-            .is_none_or(|c| ws(*c) || *c == b',' || *c == b'}');
-        if self.b.get(self.at..end) == Some(b"null") && ends {
+        if self.b.get(self.at..end) == Some(b"null") {
             self.at = end;
             true
         } else {
