@@ -235,12 +235,36 @@ async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<
     let df = df
         .select_columns(&names)
         .map_err(|e| Error::query(what, e))?;
-    let batches = df.collect().await.map_err(|e| Error::query(what, e))?;
+    let batches = if tracing::enabled!(target: "kestrel::read::plan", tracing::Level::TRACE) {
+        collect_traced(df, what).await?
+    } else {
+        df.collect().await.map_err(|e| Error::query(what, e))?
+    };
     let conformed = batches
         .iter()
         .map(|b| conform(b, target))
         .collect::<Result<Vec<_>>>()?;
     Ok(concat_batches(target, &conformed)?)
+}
+
+/// `df` collected, then its plan with each operator's metrics (files, row groups pruned
+/// by statistics and bloom filter, pages, bytes scanned, rows) logged at trace level
+/// (`RUST_LOG=kestrel::read::plan=trace`): where a read's time went.
+async fn collect_traced(df: DataFrame, what: &str) -> Result<Vec<RecordBatch>> {
+    let task = Arc::new(df.task_ctx());
+    let plan = df
+        .create_physical_plan()
+        .await
+        .map_err(|e| Error::query(what, e))?;
+    let batches = datafusion::physical_plan::collect(plan.clone(), task)
+        .await
+        .map_err(|e| Error::query(what, e))?;
+    let shown =
+        datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(plan.as_ref())
+            .indent(true)
+            .to_string();
+    tracing::trace!(target: "kestrel::read::plan", read = what, "plan with metrics:\n{shown}");
+    Ok(batches)
 }
 
 /// Consumed bronze rows (ingestion batches up to `position`, too-late ones included) of
