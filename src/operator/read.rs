@@ -469,31 +469,8 @@ mod tests {
             rows.iter().map(|b| b.num_rows()).sum::<usize>(),
             wanted.len()
         );
-        // Row groups the scan's bloom filters let through, as DataFusion counts them.
-        fn bloom(plan: &dyn datafusion::physical_plan::ExecutionPlan, out: &mut (usize, usize)) {
-            use datafusion::physical_plan::metrics::MetricValue;
-            for m in plan
-                .metrics()
-                .iter()
-                .flat_map(|s| s.iter().cloned().collect::<Vec<_>>())
-            {
-                if let MetricValue::PruningMetrics {
-                    name,
-                    pruning_metrics,
-                } = m.value()
-                {
-                    if name == "row_groups_pruned_bloom_filter" {
-                        out.0 += pruning_metrics.pruned();
-                        out.1 += pruning_metrics.matched();
-                    }
-                }
-            }
-            for c in plan.children() {
-                bloom(c.as_ref(), out);
-            }
-        }
         let mut seen = (0, 0);
-        bloom(plan.as_ref(), &mut seen);
+        bloom_pruning(plan.as_ref(), &mut seen);
         assert_eq!(seen, (5, 1), "row groups (pruned, matched) by bloom filter");
         let target = Arc::new(Schema::new(vec![
             Field::new("order_id", DataType::Utf8, true),
@@ -509,5 +486,157 @@ mod tests {
             .downcast_ref::<Int64Array>()
             .unwrap();
         assert!(n.iter().all(|v| v == Some(3)));
+    }
+
+    /// Row groups (pruned, matched) by the bloom filters of `plan`'s scans, as DataFusion
+    /// counts them.
+    fn bloom_pruning(
+        plan: &dyn datafusion::physical_plan::ExecutionPlan,
+        out: &mut (usize, usize),
+    ) {
+        use datafusion::physical_plan::metrics::MetricValue;
+        for m in plan
+            .metrics()
+            .iter()
+            .flat_map(|s| s.iter().cloned().collect::<Vec<_>>())
+        {
+            if let MetricValue::PruningMetrics {
+                name,
+                pruning_metrics,
+            } = m.value()
+            {
+                if name == "row_groups_pruned_bloom_filter" {
+                    out.0 += pruning_metrics.pruned();
+                    out.1 += pruning_metrics.matched();
+                }
+            }
+        }
+        for c in plan.children() {
+            bloom_pruning(c.as_ref(), out);
+        }
+    }
+
+    /// A bronze file of orders compacted between batches is cut into row groups of
+    /// [`delta::LOOKUP_ROW_GROUP_ROWS`] and keeps plain strings in its Arrow schema (not
+    /// delta-rs's view types, which hid the keys from the bloom filters), and a payments
+    /// job's keyed read — event dates,
+    /// event-time ranges and ingestion batches as well as the keys — reads only the row
+    /// group holding its few late orders, not the day's file whole.
+    #[tokio::test]
+    async fn keyed_reads_of_orders_read_small_row_groups() {
+        use crate::sink::delta::{self, Warehouse};
+        use arrow::array::Date32Array;
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        );
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, true),
+            Field::new(
+                "event_ts",
+                DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("order_id", DataType::Utf8, true),
+            Field::new(BATCH_ID, DataType::Int64, true),
+            Field::new(EVENT_DATE, DataType::Date32, true),
+        ]));
+        let table = wh
+            .open_or_create("bronze/orders", &schema, &[EVENT_DATE])
+            .await
+            .unwrap();
+        let n = 3 * delta::LOOKUP_ROW_GROUP_ROWS;
+        let day = 20_605; // 2026-06-01
+        let midnight = day as i64 * 86_400_000_000;
+        let order = |i: usize| {
+            let h = (i as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+            format!("ord-{h:032x}")
+        };
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("e{i}")),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        (0..n).map(|i| midnight + i as i64 * 1_000_000),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(StringArray::from_iter_values((0..n).map(order))),
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| 1 + i as i64 / 1_000),
+                )),
+                Arc::new(Date32Array::from(vec![day; n])),
+            ],
+        )
+        .unwrap();
+        let props = delta::bronze_writer_properties(["event_id", "event_ts", "order_id", BATCH_ID]);
+        // Appended in six batches, then compacted as the open day is between batches.
+        let mut table = table;
+        let piece = n / 6;
+        for i in 0..6 {
+            let rows = b.slice(i * piece, if i == 5 { n - 5 * piece } else { piece });
+            table = delta::append_with(
+                table,
+                vec![rows],
+                &[EVENT_DATE],
+                "t",
+                i as i64 + 1,
+                Some(props.clone()),
+            )
+            .await
+            .unwrap();
+        }
+        crate::sink::tables::keep(&table);
+        let opts = crate::sink::compact::OpenCompaction {
+            min_files: 2,
+            ..Default::default()
+        };
+        let done = crate::sink::compact::open_partitions(
+            &wh,
+            "bronze/orders",
+            &opts,
+            &[],
+            Some(props),
+            false,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!((done.files_removed, done.files_added), (6, 1));
+        let table = wh.open("bronze/orders").await.unwrap().unwrap();
+        let ctx = delta::session_with(&table, "orders").await.unwrap();
+        // Three late orders, all in the middle row group, read as a payments job does:
+        // a week around them, every batch so far.
+        let at = delta::LOOKUP_ROW_GROUP_ROWS + 17;
+        let wanted: Vec<String> = [at, at + 5_000, at + 9_000].map(order).to_vec();
+        let keys = keys_batch(wanted.iter().map(String::as_str)).unwrap();
+        let week = 7 * 86_400_000_000;
+        let t = midnight + at as i64 * 1_000_000;
+        let filter = in_ranges_upto(&[(t - week, t + week)], 1_000);
+        let df = keyed(&ctx, "orders", filter, "order_id", &keys)
+            .await
+            .unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        let rows = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
+            .await
+            .unwrap();
+        let mut got: Vec<String> = rows
+            .iter()
+            .flat_map(|b| {
+                let ids = crate::columns::string(b, "order_id").unwrap();
+                ids.iter().flatten().map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect();
+        got.sort();
+        let mut want = wanted.clone();
+        want.sort();
+        assert_eq!(got, want);
+        let mut seen = (0, 0);
+        bloom_pruning(plan.as_ref(), &mut seen);
+        assert_eq!(seen, (2, 1), "row groups (pruned, matched) by bloom filter");
     }
 }

@@ -333,7 +333,8 @@ async fn table_under_lease(
             .optimize()
             .with_filters(&literals)
             .with_target_size(target)
-            .with_max_concurrent_tasks(2);
+            .with_max_concurrent_tasks(2)
+            .with_session_state(crate::sink::delta::rewrite_session());
         if rel.starts_with("bronze/") {
             // Compacted bronze keeps the event-id bloom filters dedup relies on.
             op = op.with_writer_properties(crate::sink::delta::bronze_writer_properties(

@@ -215,7 +215,8 @@ async fn compact_partition(
         .optimize()
         .with_filters(&filters)
         .with_target_size(target)
-        .with_max_concurrent_tasks(2);
+        .with_max_concurrent_tasks(2)
+        .with_session_state(delta::rewrite_session());
     if let Some(p) = props {
         op = op.with_writer_properties(p.clone());
     }

@@ -647,6 +647,7 @@ pub async fn merge_by_delta_rs(
     let key_names: Vec<&str> = spec.keys.iter().map(|(k, _)| k.as_str()).collect();
     let (table, metrics) = table
         .merge(source, predicate)
+        .with_session_state(super::delta::rewrite_session())
         .with_source_alias("s")
         .with_target_alias("t")
         .with_commit_properties(txn_props(app_id, version))
