@@ -518,10 +518,10 @@ mod tests {
 
     /// A bronze file of orders compacted between batches is cut into row groups of
     /// [`delta::LOOKUP_ROW_GROUP_ROWS`] and keeps plain strings in its Arrow schema (not
-    /// delta-rs's view types, which hid the keys from the bloom filters), and a payments
-    /// job's keyed read — event dates,
-    /// event-time ranges and ingestion batches as well as the keys — reads only the row
-    /// group holding its few late orders, not the day's file whole.
+    /// delta-rs's view types, which hid the keys from the bloom filters), so a payments
+    /// job's keyed read — event dates, event-time ranges and ingestion batches as well
+    /// as the keys — reads only the row group holding its few late orders, not the
+    /// day's file whole.
     #[tokio::test]
     async fn keyed_reads_of_orders_read_small_row_groups() {
         use crate::sink::delta::{self, Warehouse};

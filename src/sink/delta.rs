@@ -477,11 +477,10 @@ pub const LOOKUP_KEYS: [&str; 1] = ["order_id"];
 /// Rows per Parquet row group in bronze tables with a [`LOOKUP_KEYS`] column (orders,
 /// payments). A keyed read reads every row group whose filter holds one of its keys
 /// whole, and a batch's keys are mostly recent orders plus a few late ones spread over
-/// the day: with [`BRONZE_ROW_GROUP_ROWS`] each late key cost a read of up to 128k rows,
-/// so the payments jobs' reads grew with the day's row groups (orders 198 → 297 ms,
-/// payments 156 → 291 ms per run from 02:00 to 23:00 at Kestrel's scale). These tables
-/// are small (≈ 0.5 M rows a day each at that scale), so the extra row groups cost a
-/// few kilobytes of metadata and filter checks of a few thousand keys.
+/// the horizon: with [`BRONZE_ROW_GROUP_ROWS`] each late key would cost a read of up to
+/// 128k rows, a quarter of a day of orders at Kestrel's scale. These tables are small
+/// (≈ 0.5 M rows a day each at that scale), so the extra row groups cost a few
+/// kilobytes of metadata and filter checks of a few thousand keys.
 pub const LOOKUP_ROW_GROUP_ROWS: usize = 16 * 1024;
 
 /// False-positive rate of the [`LOOKUP_KEYS`] bloom filters. A read of K keys over R row
