@@ -412,12 +412,9 @@ mod tests {
     /// and returns exactly the matching rows.
     #[tokio::test]
     async fn keyed_reads_skip_row_groups_by_bloom_filter() {
-        use crate::sink::delta::{self, Warehouse};
+        use crate::sink::delta;
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
-                .unwrap(),
-        );
+        let wh = local_warehouse(&dir);
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new("order_id", DataType::Utf8, true),
@@ -458,19 +455,11 @@ mod tests {
         let ctx = delta::session_with(&table, "orders").await.unwrap();
         let wanted: Vec<String> = ids(3);
         let keys = keys_batch(wanted.iter().map(String::as_str)).unwrap();
-        let df = keyed(&ctx, "orders", lit(true), "order_id", &keys)
-            .await
-            .unwrap();
-        let plan = df.create_physical_plan().await.unwrap();
-        let rows = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
-            .await
-            .unwrap();
+        let (rows, seen) = keyed_with_pruning(&ctx, lit(true), &keys).await;
         assert_eq!(
             rows.iter().map(|b| b.num_rows()).sum::<usize>(),
             wanted.len()
         );
-        let mut seen = (0, 0);
-        bloom_pruning(plan.as_ref(), &mut seen);
         assert_eq!(seen, (5, 1), "row groups (pruned, matched) by bloom filter");
         let target = Arc::new(Schema::new(vec![
             Field::new("order_id", DataType::Utf8, true),
@@ -486,6 +475,33 @@ mod tests {
             .downcast_ref::<Int64Array>()
             .unwrap();
         assert!(n.iter().all(|v| v == Some(3)));
+    }
+
+    /// A warehouse in local directory `dir`.
+    fn local_warehouse(dir: &tempfile::TempDir) -> crate::sink::delta::Warehouse {
+        crate::sink::delta::Warehouse::new(
+            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        )
+    }
+
+    /// The keyed read of `keys` by `order_id` from table `orders` of `ctx` under `filter`:
+    /// its rows, and the row groups (pruned, matched) by the scan's bloom filters.
+    async fn keyed_with_pruning(
+        ctx: &SessionContext,
+        filter: Expr,
+        keys: &RecordBatch,
+    ) -> (Vec<RecordBatch>, (usize, usize)) {
+        let df = keyed(ctx, "orders", filter, "order_id", keys)
+            .await
+            .unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        let rows = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
+            .await
+            .unwrap();
+        let mut seen = (0, 0);
+        bloom_pruning(plan.as_ref(), &mut seen);
+        (rows, seen)
     }
 
     /// Row groups (pruned, matched) by the bloom filters of `plan`'s scans, as DataFusion
@@ -524,13 +540,10 @@ mod tests {
     /// day's file whole.
     #[tokio::test]
     async fn keyed_reads_of_orders_read_small_row_groups() {
-        use crate::sink::delta::{self, Warehouse};
+        use crate::sink::delta;
         use arrow::array::Date32Array;
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
-                .unwrap(),
-        );
+        let wh = local_warehouse(&dir);
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new(
@@ -542,7 +555,7 @@ mod tests {
             Field::new(BATCH_ID, DataType::Int64, true),
             Field::new(EVENT_DATE, DataType::Date32, true),
         ]));
-        let table = wh
+        let mut table = wh
             .open_or_create("bronze/orders", &schema, &[EVENT_DATE])
             .await
             .unwrap();
@@ -575,7 +588,6 @@ mod tests {
         .unwrap();
         let props = delta::bronze_writer_properties(["event_id", "event_ts", "order_id", BATCH_ID]);
         // Appended in six batches, then compacted as the open day is between batches.
-        let mut table = table;
         let piece = n / 6;
         for i in 0..6 {
             let rows = b.slice(i * piece, if i == 5 { n - 5 * piece } else { piece });
@@ -618,13 +630,7 @@ mod tests {
         let week = 7 * 86_400_000_000;
         let t = midnight + at as i64 * 1_000_000;
         let filter = in_ranges_upto(&[(t - week, t + week)], 1_000);
-        let df = keyed(&ctx, "orders", filter, "order_id", &keys)
-            .await
-            .unwrap();
-        let plan = df.create_physical_plan().await.unwrap();
-        let rows = datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx())
-            .await
-            .unwrap();
+        let (rows, seen) = keyed_with_pruning(&ctx, filter, &keys).await;
         let mut got: Vec<String> = rows
             .iter()
             .flat_map(|b| {
@@ -636,8 +642,6 @@ mod tests {
         let mut want = wanted.clone();
         want.sort();
         assert_eq!(got, want);
-        let mut seen = (0, 0);
-        bloom_pruning(plan.as_ref(), &mut seen);
         assert_eq!(seen, (2, 1), "row groups (pruned, matched) by bloom filter");
     }
 }
