@@ -19,10 +19,11 @@
 //!
 //! Prints progress every simulated hour, then the cost curve: medians of runs 1–12, of
 //! the last 12 of day 1 and of the last 12 of day 7, their ratios, the slowest run, the
-//! peak RSS, and a run with nothing new at the end. At each day's end the aged warehouse
-//! is measured beside the young one (as it was before run 24) in alternating pairs of runs,
-//! each on a fresh copy started as a new process, so the ratio is of ages, not of the
-//! machine's minute-to-minute drift. Every run is also written to
+//! peak RSS, and a run with nothing new at the end. At each day's end the aged pipeline
+//! is measured beside the young one: the day's last 16 drops replayed on a copy of the
+//! warehouse as it was before them, and runs 24–39 on a copy of the young warehouse, in
+//! alternating repetitions, each run started as a new process, so the ratio is of ages,
+//! not of the machine's minute-to-minute drift. Every run is also written to
 //! `age-<mode>.csv` in the working directory. `KESTREL_AGE_PROFILE=1` adds where each
 //! hour's time went; `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone;
 //! `KESTREL_AGE_PARALLEL=N` runs N jobs at once (default: `parallel_jobs`, one per core,
@@ -60,18 +61,19 @@ const SOURCES: [(&str, u32); 4] = [
 /// Event time generated before the first measured run (landed as its backlog).
 const WARMUP: i64 = 3 * 3600 * US;
 /// The loop index of the run before which the young warehouse is copied for the side by
-/// side: its run is run 24 (02:00), at the same place in the hour as the day's last run
-/// (288). Hourly work — the landing zone's full listing every 12th batch, the hourly
+/// side: its window starts at run 24 (02:00), at the same place in the hour as the aged
+/// window's (run 273 of a day: both hold two runs ≡ 0 mod 12). Hourly work — the landing zone's full listing every 12th batch, the hourly
 /// `payment_reconciliation` — falls on runs ≡ 0 mod 12 (at scale they averaged 3.35 s
 /// against 3.01–3.25 s for the other eleven places); with run 13 as the control (until
 /// `000ce1c`) the aged side paid it and the young side did not.
 const CONTROL_AT: usize = 23;
 
-/// Copy a directory tree (`cp -a`), replacing `to`.
-fn copy_dir(from: &Path, to: &Path) {
+/// Copy a directory tree (`cp -a`, or `cp -al`: hard links, for the landing zone, whose
+/// files are never modified), replacing `to`.
+fn copy_dir(from: &Path, to: &Path, links: bool) {
     let _ = std::fs::remove_dir_all(to);
     let ok = std::process::Command::new("cp")
-        .arg("-a")
+        .arg(if links { "-al" } else { "-a" })
         .arg(from)
         .arg(to)
         .status()
@@ -84,38 +86,86 @@ fn copy_dir(from: &Path, to: &Path) {
     let _ = std::process::Command::new("sync").status();
 }
 
-/// Side-by-side pairs at each day's end.
-const PAIRS: usize = 5;
+/// Runs in each side of the side by side: one cycle of the open day's compaction
+/// (`OpenCompaction::default().min_files` small files make a partition compacted), so
+/// both sides pay it alike. With one run per side (until the commit after `4be8a1e`) the
+/// aged side's drop at scale was one of the two in sixteen whose ingestion compacts the
+/// open day (1.00 s of ingest against 0.43–0.61 s for the runs around it) and the young
+/// side's compacted nothing: the ratio (1.40) measured where a compaction fell.
+const WINDOW: usize = 16;
 
-/// One run on a fresh copy of `warehouse` (landing files read from `landing`), started
-/// as the aged runs are: as a new process, nothing kept. Seconds.
-async fn run_on_copy(
-    warehouse: &Path,
+/// Alternating repetitions of the two windows at each day's end.
+const REPEATS: usize = 3;
+
+/// A snapshot a window starts from: the warehouse and the landing zone before the
+/// window's first drop landed.
+struct Snapshot {
+    dir: PathBuf,
+    /// Index of the window's first run (0-based).
+    first: usize,
+}
+
+impl Snapshot {
+    /// Take one of `warehouse` and `landing` into `dir`, for the window starting at run
+    /// index `first`.
+    fn take(warehouse: &Path, landing: &Path, dir: &Path, first: usize) -> Snapshot {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        copy_dir(landing, &dir.join("landing"), true);
+        copy_dir(warehouse, &dir.join("warehouse"), false);
+        Snapshot {
+            dir: dir.to_path_buf(),
+            first,
+        }
+    }
+}
+
+/// The window's runs on a fresh copy of `snap`, each as a cron-driven `kestrel run`
+/// (a new process: nothing kept), its drop's files linked into the copy's landing zone
+/// first (with their modification times). Mean seconds per run.
+async fn run_window(
+    snap: &Snapshot,
+    drops: &[Vec<PathBuf>],
     landing: &Path,
     copy: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
     specs: &[JobSpec],
 ) -> f64 {
-    copy_dir(warehouse, copy);
-    let mut cfg = Config::defaults(copy);
-    cfg.landing = landing.display().to_string();
-    cfg.warehouse = copy.display().to_string();
-    kestrel::sink::tables::clear();
-    kestrel::sink::timings::take();
-    let t = Instant::now();
-    run_once(&cfg, schemas, specs).await;
-    let s = t.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(copy);
-    s
+    std::fs::create_dir_all(copy).unwrap();
+    copy_dir(&snap.dir.join("landing"), &copy.join("landing"), true);
+    copy_dir(&snap.dir.join("warehouse"), &copy.join("warehouse"), false);
+    let mut cfg = Config::defaults(copy);
+    cfg.landing = copy.join("landing").display().to_string();
+    cfg.warehouse = copy.join("warehouse").display().to_string();
+    let mut total = 0.0;
+    for files in &drops[snap.first..snap.first + WINDOW] {
+        for f in files {
+            let rel = f.strip_prefix(landing).unwrap();
+            let to = copy.join("landing").join(rel);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::hard_link(f, &to).unwrap();
+        }
+        kestrel::sink::tables::clear();
+        kestrel::sink::timings::take();
+        let t = Instant::now();
+        run_once(&cfg, schemas, specs).await;
+        total += t.elapsed().as_secs_f64();
+    }
+    let _ = std::fs::remove_dir_all(copy);
+    total / WINDOW as f64
 }
 
-/// The day's-end side by side: [`PAIRS`] alternating runs of the young warehouse's run
-/// 24 and of the aged warehouse's last drop (both on fresh copies, back to back, so the
-/// machine's drift over minutes falls on both alike). Returns (aged, young) medians and
-/// the median of the pairs' ratios.
+/// The day's-end side by side: [`REPEATS`] alternating runs of the young window (runs
+/// 24–39, 02:00–03:15) and of the aged one (the day's last [`WINDOW`] runs), each on a
+/// fresh copy, back to back, so the machine's drift over minutes falls on both alike.
+/// Both windows hold the same hourly work (two runs ≡ 0 mod 12) and no daily
+/// maintenance slot (03:30). Returns (aged, young) medians of the windows' mean run and
+/// the median of the repetitions' ratios.
 async fn side_by_side(
-    young: &Path,
-    aged: &Path,
+    young: &Snapshot,
+    aged: &Snapshot,
+    drops: &[Vec<PathBuf>],
     landing: &Path,
     base: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
@@ -123,16 +173,9 @@ async fn side_by_side(
 ) -> (f64, f64, f64) {
     let copy = base.join("control");
     let (mut a, mut y, mut r) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..PAIRS {
-        let ys = run_on_copy(
-            &young.join("warehouse"),
-            &young.join("landing"),
-            &copy,
-            schemas,
-            specs,
-        )
-        .await;
-        let as_ = run_on_copy(aged, landing, &copy, schemas, specs).await;
+    for _ in 0..REPEATS {
+        let ys = run_window(young, drops, landing, &copy, schemas, specs).await;
+        let as_ = run_window(aged, drops, landing, &copy, schemas, specs).await;
         y.push(ys);
         a.push(as_);
         r.push(as_ / ys);
@@ -402,8 +445,9 @@ impl Gen {
 
     /// Generate the events of `[t0, t1)` and land every event that arrived by `t1`:
     /// per source partition one file for the drop (`small`) or per arrival minute
-    /// (`scale`), modification time = the end of its span. Returns (files, lines).
-    fn land(&mut self, landing: &Path, t0: i64, t1: i64) -> (usize, usize) {
+    /// (`scale`), modification time = the end of its span. Returns the files and the
+    /// number of lines.
+    fn land(&mut self, landing: &Path, t0: i64, t1: i64) -> (Vec<PathBuf>, usize) {
         self.clickstream(t0, t1);
         self.commerce(t0, t1);
         let span = match self.size {
@@ -426,7 +470,7 @@ impl Gen {
             text.push('\n');
         }
         let mut lines = 0;
-        let n = files.len();
+        let mut landed_files = Vec::with_capacity(files.len());
         for ((source, partition, slot), text) in files {
             lines += text.lines().count();
             let (name, _) = SOURCES[source];
@@ -442,8 +486,9 @@ impl Gen {
             let ft = filetime::FileTime::from_unix_time(landed / US, 0);
             filetime::set_file_mtime(&tmp, ft).unwrap();
             std::fs::rename(&tmp, &file).unwrap();
+            landed_files.push(file);
         }
-        (n, lines)
+        (landed_files, lines)
     }
 }
 
@@ -561,7 +606,7 @@ pub async fn age(
     let mut t = START_US - WARMUP;
     while t < START_US {
         let (f, l) = gen.land(&landing, t, t + DROP);
-        backlog = (backlog.0 + f, backlog.1 + l);
+        backlog = (backlog.0 + f.len(), backlog.1 + l);
         t += DROP;
     }
     kestrel::sink::tables::clear();
@@ -573,9 +618,11 @@ pub async fn age(
         backlog.1,
         warm.elapsed().as_secs_f64()
     );
-    let young = base.join(format!("age-{}-young", size.name()));
+    let mut young: Option<Snapshot> = None;
     let mut controls: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
-    let before_last = base.join(format!("age-{}-day-end", size.name()));
+    let mut aged: Option<Snapshot> = None;
+    // Every drop's files, for the side by side's windows.
+    let mut drops: Vec<Vec<PathBuf>> = Vec::with_capacity(runs);
     let mut done: Vec<Run> = Vec::with_capacity(runs);
     let mut maint_s: Vec<f64> = Vec::new();
     let mut last_slot_day = None;
@@ -605,15 +652,20 @@ pub async fn age(
                 rfc3339(slot)
             );
         }
-        let (files, lines) = gen.land(&landing, t0, t1);
-        if i == CONTROL_AT {
-            // The young warehouse, ready for run 24: measured again beside the aged one.
-            copy_dir(&dir, &young);
+        let warehouse = Path::new(&cfg.warehouse);
+        if i == CONTROL_AT && runs >= CONTROL_AT + WINDOW {
+            // The young pipeline before run 24, measured again beside the aged one.
+            let at = base.join(format!("age-{}-young", size.name()));
+            young = Some(Snapshot::take(warehouse, &landing, &at, i));
         }
-        if (i + 1) % 288 == 0 && i > CONTROL_AT {
-            // The aged warehouse before the day's last run, for the side by side.
-            copy_dir(Path::new(&cfg.warehouse), &before_last);
+        if (i + WINDOW) % 288 == 0 && i >= CONTROL_AT + WINDOW {
+            // The aged pipeline before the day's last WINDOW runs.
+            let at = base.join(format!("age-{}-day-end", size.name()));
+            aged = Some(Snapshot::take(warehouse, &landing, &at, i));
         }
+        let (landed, lines) = gen.land(&landing, t0, t1);
+        let files = landed.len();
+        drops.push(landed);
         // Each cron-driven `kestrel run` is a new process: nothing kept from the last,
         // and its own peak memory (freed memory returned, the peak counter reset).
         kestrel::sink::tables::clear();
@@ -649,7 +701,7 @@ pub async fn age(
         )
         .unwrap();
         done.push(run);
-        if (i + 1) % 288 == 0 && i > CONTROL_AT {
+        if let (true, Some(young), Some(aged)) = ((i + 1) % 288 == 0, &young, &aged) {
             let last12 = median(
                 &done[done.len() - 12..]
                     .iter()
@@ -657,9 +709,9 @@ pub async fn age(
                     .collect::<Vec<_>>(),
             );
             let (aged, young_now, ratio) =
-                side_by_side(&young, &before_last, &landing, base, schemas, &specs).await;
+                side_by_side(young, aged, &drops, &landing, base, schemas, &specs).await;
             println!(
-                "  day {} ends: last 12 runs {last12:.2} s; side by side ({PAIRS} pairs): the day's last drop on the aged warehouse {aged:.2} s, run 24 on the young warehouse {young_now:.2} s; aged ÷ young {ratio:.2}",
+                "  day {} ends: last 12 runs {last12:.2} s; side by side ({REPEATS} × {WINDOW} runs): the day's last {WINDOW} on the aged pipeline {aged:.2} s a run, runs 24–39 on the young one {young_now:.2} s; aged ÷ young {ratio:.2}",
                 (i + 1) / 288,
             );
             controls.push(((i + 1) / 288, last12, aged, young_now, ratio));
@@ -750,7 +802,7 @@ pub async fn age(
     }
     for (day, last12, aged, young_now, ratio) in &controls {
         println!(
-            "  side by side at the end of day {day}: the day's last drop on the aged warehouse {aged:.2} s ÷ run 24 on the young warehouse {young_now:.2} s, median of {PAIRS} pairs' ratios {ratio:.2} (target ≤ 1.2); last 12 runs {last12:.2} s",
+            "  side by side at the end of day {day}: the day's last {WINDOW} runs on the aged pipeline {aged:.2} s a run ÷ runs 24–39 on the young one {young_now:.2} s, median of {REPEATS} alternating repetitions' ratios {ratio:.2} (target ≤ 1.2); last 12 runs {last12:.2} s",
         );
     }
     let worst = done.iter().map(|r| r.rss_mb).fold(0.0, f64::max);
