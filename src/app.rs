@@ -69,6 +69,16 @@ impl App {
     pub async fn load(cfg: Config, ingest: IngestOptions) -> Result<App> {
         let schemas = crate::schema::load_all(&cfg.schemas_dir)?;
         let jobs = crate::job::spec::load_all(&cfg.jobs_dir, &schemas).await?;
+        Self::with_parts(cfg, schemas, jobs, ingest)
+    }
+
+    /// [`App::load`] with the schemas and jobs already loaded (a benchmark's, a test's).
+    pub fn with_parts(
+        cfg: Config,
+        schemas: BTreeMap<String, Arc<SourceSchema>>,
+        jobs: BTreeMap<String, JobSpec>,
+        ingest: IngestOptions,
+    ) -> Result<App> {
         let lease_ttl = cfg.ingest.lease_ttl;
         let parallel_jobs = cfg.parallel_jobs;
         let open = cfg.maintain.open_compaction();
@@ -177,8 +187,11 @@ impl App {
     }
 
     /// One `kestrel run`: ingest `sources` (those a running stream's job reads are left
-    /// to it), then run `jobs` (empty: all; a streamed job is reported as skipped),
-    /// `parallel_jobs` at once.
+    /// to it) and run `jobs` (empty: all; a streamed job is reported as skipped),
+    /// `parallel_jobs` sources and jobs at once. A job starts once every source it reads
+    /// that this run ingests is done (ingested or failed), so it sees the batches this run
+    /// committed, as if the sources had all been ingested first; the others' ingestion
+    /// and jobs meanwhile use the cores a job's reads and MERGEs leave idle.
     pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
         if let Some(c) = &self.cluster {
             c.new_run();
@@ -187,6 +200,7 @@ impl App {
         let sources = self.select_sources(sources)?;
         let streamed = self.streams().await?;
         let mut out = RunOutcome::default();
+        let mut ingest: Vec<&String> = Vec::new();
         for s in &sources {
             let owner = streamed
                 .iter()
@@ -196,15 +210,18 @@ impl App {
                     .push((s.clone(), job.clone(), owner.clone()));
                 continue;
             }
-            match self.ingestor.ingest_source(s).await {
-                Ok(r) => out.sources.push(r),
-                Err(e) => out.ingest_failures.push(format!("{s}: {e}")),
-            }
+            ingest.push(s);
         }
         let (streaming, runnable): (Vec<&JobSpec>, Vec<&JobSpec>) = jobs
             .into_iter()
             .partition(|spec| streamed.iter().any(|(j, _)| *j == spec.name));
-        let results = self.runner.run_jobs(&runnable, self.parallel_jobs).await;
+        let (ingested, results) = self.ingest_and_run(&ingest, &runnable).await;
+        for (s, r) in ingest.iter().zip(ingested) {
+            match r.as_ref() {
+                Ok(r) => out.sources.push(r.clone()),
+                Err(e) => out.ingest_failures.push(format!("{s}: {e}")),
+            }
+        }
         for (spec, result) in runnable.iter().zip(results) {
             match result {
                 Ok(r) => out.jobs.push(r),
@@ -223,5 +240,50 @@ impl App {
         // Reported in name order, as the jobs are listed.
         out.jobs.sort_by(|a, b| a.job.cmp(&b.job));
         Ok(out)
+    }
+
+    /// Ingest `sources` and run `jobs`, at most `parallel_jobs` of them at once (sources
+    /// first, in order; a job once the sources it reads among `sources` are done).
+    /// Results in the order given. With `parallel_jobs = 1` this is every source in turn,
+    /// then every job in turn.
+    async fn ingest_and_run(
+        &self,
+        sources: &[&String],
+        jobs: &[&JobSpec],
+    ) -> (Vec<Arc<Result<SourceReport>>>, Vec<Result<JobReport>>) {
+        use futures::FutureExt;
+        // A slot per source or job at work; fair, so sources queued first go first.
+        let slots = tokio::sync::Semaphore::new(self.parallel_jobs.max(1));
+        let slots = &slots;
+        // Each source's ingestion, shared: its result is the run's and the waits' of the
+        // jobs that read it.
+        let ingestions: Vec<_> = sources
+            .iter()
+            .map(|s| {
+                async move {
+                    // The semaphore is never closed; without a slot, ingest anyway.
+                    let _slot = slots.acquire().await.ok();
+                    Arc::new(self.ingestor.ingest_source(s).await)
+                }
+                .shared()
+            })
+            .collect();
+        let runs = jobs.iter().map(|spec| {
+            let waits: Vec<_> = sources
+                .iter()
+                .zip(&ingestions)
+                .filter(|(s, _)| spec.sources.iter().any(|js| js == **s))
+                .map(|(_, ingestion)| ingestion.clone())
+                .collect();
+            async move {
+                futures::future::join_all(waits).await;
+                let _slot = slots.acquire().await.ok();
+                self.runner.run_job_in_task(spec).await
+            }
+        });
+        futures::join!(
+            futures::future::join_all(ingestions.clone()),
+            futures::future::join_all(runs)
+        )
     }
 }

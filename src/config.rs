@@ -128,14 +128,15 @@ pub struct Config {
     pub schedule: ScheduleConfig,
     /// Table maintenance settings.
     pub maintain: MaintainConfig,
-    /// How many jobs one `kestrel run` runs at once, each under its own lease (as
-    /// separate processes would); default one per core.
+    /// How many sources and jobs one `kestrel run` works on at once, each under its own
+    /// lease (as separate processes would; a job starts once the sources it reads are
+    /// ingested); default one per core.
     pub parallel_jobs: usize,
     /// Where reads and aggregates execute (`[engine]`; default this process).
     pub engine: crate::engine::EngineConfig,
 }
 
-/// One job at a time per core (what `parallel_jobs` defaults to).
+/// One source or job at a time per core (what `parallel_jobs` defaults to).
 pub fn default_parallel_jobs() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -2,8 +2,8 @@
 //! [small|scale] [RUNS]`).
 //!
 //! Consecutive five-minute drops of all four sources land in a local landing zone, each
-//! followed by what a cron-driven `kestrel run` does (a fresh ingestor and job runner:
-//! ingest every source, then every job), with the maintenance the daemon runs: its daily
+//! followed by what a cron-driven `kestrel run` does (a fresh `App`: every source and
+//! every job, `parallel_jobs` at once), with the maintenance the daemon runs: its daily
 //! slot at 03:30 (simulated time) and whatever `run` itself does between batches.
 //! Simulated days pass by event time and arrival time (file modification times), not by
 //! the wall clock. Event ids are random UUIDs; lateness is heavy-tailed (the demo's
@@ -39,8 +39,8 @@ use std::time::Instant;
 use kestrel::config::Config;
 use kestrel::job::spec::JobSpec;
 use kestrel::ops::maintain::{self, MaintainOptions};
-use kestrel::runner::batch::JobRunner;
-use kestrel::runner::ingest::{IngestOptions, Ingestor};
+use kestrel::app::App;
+use kestrel::runner::ingest::IngestOptions;
 use kestrel::schema::SourceSchema;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -88,7 +88,7 @@ fn copy_dir(from: &Path, to: &Path, links: bool) {
 
 /// Runs in each side of the side by side: one cycle of the open day's compaction
 /// (`OpenCompaction::default().min_files` small files make a partition compacted), so
-/// both sides pay it alike. With one run per side (until the commit after `4be8a1e`) the
+/// both sides pay it alike. With one run per side (until `035086e`) the
 /// aged side's drop at scale was one of the two in sixteen whose ingestion compacts the
 /// open day (1.00 s of ingest against 0.43–0.61 s for the runs around it) and the young
 /// side's compacted nothing: the ratio (1.40) measured where a compaction fell.
@@ -111,8 +111,13 @@ impl Snapshot {
     fn take(warehouse: &Path, landing: &Path, dir: &Path, first: usize) -> Snapshot {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).unwrap();
+        // Hard links, both: taking it costs the pipeline's next runs nothing. (A real copy
+        // of a day at scale is gigabytes; taken before run 273 it slowed runs 273–288 —
+        // median 2.71 s in the run, where the same drops replayed on copies of it took
+        // 2.40 s a run.) Kestrel writes no file in place (object_store writes a new file
+        // and renames it), so the snapshot stays as it was taken.
         copy_dir(landing, &dir.join("landing"), true);
-        copy_dir(warehouse, &dir.join("warehouse"), false);
+        copy_dir(warehouse, &dir.join("warehouse"), true);
         Snapshot {
             dir: dir.to_path_buf(),
             first,
@@ -129,7 +134,7 @@ async fn run_window(
     landing: &Path,
     copy: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-    specs: &[JobSpec],
+    jobs: &BTreeMap<String, JobSpec>,
 ) -> f64 {
     let _ = std::fs::remove_dir_all(copy);
     std::fs::create_dir_all(copy).unwrap();
@@ -149,7 +154,7 @@ async fn run_window(
         kestrel::sink::tables::clear();
         kestrel::sink::timings::take();
         let t = Instant::now();
-        run_once(&cfg, schemas, specs).await;
+        run_once(&cfg, schemas, jobs).await;
         total += t.elapsed().as_secs_f64();
     }
     let _ = std::fs::remove_dir_all(copy);
@@ -169,13 +174,13 @@ async fn side_by_side(
     landing: &Path,
     base: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-    specs: &[JobSpec],
+    jobs: &BTreeMap<String, JobSpec>,
 ) -> (f64, f64, f64) {
     let copy = base.join("control");
     let (mut a, mut y, mut r) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..REPEATS {
-        let ys = run_window(young, drops, landing, &copy, schemas, specs).await;
-        let as_ = run_window(aged, drops, landing, &copy, schemas, specs).await;
+        let ys = run_window(young, drops, landing, &copy, schemas, jobs).await;
+        let as_ = run_window(aged, drops, landing, &copy, schemas, jobs).await;
         y.push(ys);
         a.push(as_);
         r.push(as_ / ys);
@@ -513,33 +518,35 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// What a cron-driven `kestrel run` does: ingest every source, then the jobs,
-/// `parallel_jobs` at once.
+/// What a cron-driven `kestrel run` does ([`App::run`]: every source and job,
+/// `parallel_jobs` at once, a job once its sources are ingested). Returns the seconds
+/// until the last source's ingestion finished and the seconds after it (the jobs still
+/// running then).
 async fn run_once(
     cfg: &Config,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
-    jobs: &[JobSpec],
+    jobs: &BTreeMap<String, JobSpec>,
 ) -> (f64, Vec<f64>) {
     let t = Instant::now();
-    let ing =
-        Ingestor::with_schemas(cfg.clone(), schemas.clone(), IngestOptions::default()).unwrap();
-    for (s, _) in SOURCES {
-        ing.ingest_source(s).await.unwrap();
-    }
-    let ingest_s = t.elapsed().as_secs_f64();
-    let runner = JobRunner::new(
-        ing.warehouse().clone(),
+    let started_us = chrono::Utc::now().timestamp_micros();
+    let app = App::with_parts(
+        cfg.clone(),
         schemas.clone(),
-        cfg.ingest.lease_ttl,
-    );
-    // As `kestrel run`: `parallel_jobs` at once (one per core by default); the jobs'
-    // time is their wall time together.
-    let t = Instant::now();
-    let specs: Vec<&JobSpec> = jobs.iter().collect();
-    for r in runner.run_jobs(&specs, cfg.parallel_jobs).await {
-        r.unwrap();
-    }
-    (ingest_s, vec![t.elapsed().as_secs_f64()])
+        jobs.clone(),
+        IngestOptions::default(),
+    )
+    .unwrap();
+    let out = app.run(&[], &[]).await.unwrap();
+    assert!(out.failures().is_none(), "{:?}", out.failures());
+    let total = t.elapsed().as_secs_f64();
+    let ingested_us = out
+        .sources
+        .iter()
+        .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
+        .max()
+        .unwrap_or(started_us);
+    let ingest_s = ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total);
+    (ingest_s, vec![total - ingest_s])
 }
 
 /// Active files of a table (0 when absent).
@@ -610,7 +617,7 @@ pub async fn age(
         t += DROP;
     }
     kestrel::sink::tables::clear();
-    run_once(&cfg, schemas, &specs).await;
+    run_once(&cfg, schemas, jobs).await;
     println!(
         "  backlog of {} h before the first run ({} files, {} lines): ingested and computed in {:.1} s",
         WARMUP / 3_600_000_000,
@@ -671,7 +678,7 @@ pub async fn age(
         kestrel::sink::tables::clear();
         reset_peak_rss();
         let t = Instant::now();
-        let (ingest_s, jobs_s) = run_once(&cfg, schemas, &specs).await;
+        let (ingest_s, jobs_s) = run_once(&cfg, schemas, jobs).await;
         let total_s = t.elapsed().as_secs_f64();
         let run = Run {
             index: i + 1,
@@ -709,7 +716,7 @@ pub async fn age(
                     .collect::<Vec<_>>(),
             );
             let (aged, young_now, ratio) =
-                side_by_side(young, aged, &drops, &landing, base, schemas, &specs).await;
+                side_by_side(young, aged, &drops, &landing, base, schemas, jobs).await;
             println!(
                 "  day {} ends: last 12 runs {last12:.2} s; side by side ({REPEATS} × {WINDOW} runs): the day's last {WINDOW} on the aged pipeline {aged:.2} s a run, runs 24–39 on the young one {young_now:.2} s; aged ÷ young {ratio:.2}",
                 (i + 1) / 288,
@@ -721,7 +728,7 @@ pub async fn age(
             let last: Vec<f64> = done[done.len() - 12..].iter().map(|r| r.total_s).collect();
             let r = &done[done.len() - 1];
             println!(
-                "  run {:>4} ({}): median of the last 12 {:.2} s (ingest {:.2} s, jobs {:.2} s), {} lines/drop, peak RSS {:.0} MB, {} events pending",
+                "  run {:>4} ({}): median of the last 12 {:.2} s (sources ingested by {:.2} s, jobs after that {:.2} s), {} lines/drop, peak RSS {:.0} MB, {} events pending",
                 r.index,
                 rfc3339(r.at_us),
                 median(&last),
@@ -752,7 +759,7 @@ pub async fn age(
     for _ in 0..3 {
         kestrel::sink::tables::clear();
         let t = Instant::now();
-        run_once(&cfg, schemas, &specs).await;
+        run_once(&cfg, schemas, jobs).await;
         idle.push(t.elapsed().as_secs_f64());
     }
 

@@ -227,24 +227,26 @@ impl JobRunner {
     /// share (the run log, the plans) takes concurrent appends, as it does from several
     /// `kestrel run` processes. A job whose task panics is reported as failed.
     pub async fn run_jobs(&self, specs: &[&JobSpec], parallel: usize) -> Vec<Result<JobReport>> {
-        let tasks = specs.iter().map(|spec| {
-            let (runner, spec) = (self.clone(), (*spec).clone());
-            async move {
-                let name = spec.name.clone();
-                tokio::spawn(async move { runner.run_job(&spec).await })
-                    .await
-                    .unwrap_or_else(|source| {
-                        Err(Error::Task {
-                            what: format!("job {name}"),
-                            source,
-                        })
-                    })
-            }
-        });
+        let tasks = specs.iter().map(|spec| self.run_job_in_task(spec));
         futures::stream::iter(tasks)
             .buffered(parallel.max(1))
             .collect()
             .await
+    }
+
+    /// [`JobRunner::run_job`] as a task of its own on the runtime's threads (so jobs run
+    /// at once use every core); a panic in it is reported as the job's failure.
+    pub async fn run_job_in_task(&self, spec: &JobSpec) -> Result<JobReport> {
+        let (runner, spec) = (self.clone(), spec.clone());
+        let name = spec.name.clone();
+        tokio::spawn(async move { runner.run_job(&spec).await })
+            .await
+            .unwrap_or_else(|source| {
+                Err(Error::Task {
+                    what: format!("job {name}"),
+                    source,
+                })
+            })
     }
 
     /// After a job's batches, under its lease: compact the crowded open partitions of its

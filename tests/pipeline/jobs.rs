@@ -799,10 +799,11 @@ fn processing_time_stamps_come_from_the_clock_passed_in() {
     assert_eq!(gold, cli.snapshot("gold/revenue_5m", &skip));
 }
 
-/// A run's jobs at once (`parallel_jobs`) give the tables of the same jobs run one after
-/// another, batch for batch: three drops of the demo's events, each followed by a run.
+/// A run's sources and jobs at once (`parallel_jobs`; a job once its sources are
+/// ingested) give the tables of the same sources and jobs run one after another, batch
+/// for batch: three drops of the demo's events, each followed by a run.
 #[test]
-fn jobs_run_at_once_give_the_tables_of_jobs_run_one_by_one() {
+fn sources_and_jobs_at_once_give_the_tables_of_one_by_one() {
     use crate::faults::{files_by_mtime, replay_tables, SKIP};
     let source = Env::new();
     source.run_ok(&["demo", "--hours", "2", "--scale", "0.1"], 0);
@@ -840,6 +841,15 @@ fn jobs_run_at_once_give_the_tables_of_jobs_run_one_by_one() {
         3 * 8,
         "each of the 8 jobs ran a batch per drop: {p:?}"
     );
+    assert_eq!(p, s);
+    // Each source ingested a batch per drop, the same rows whether or not the others
+    // and the jobs ran beside it.
+    let ingests = "SELECT name, batch_id, files, rows_in, rows_written, duplicates, quarantined FROM t WHERE kind = 'ingest' ORDER BY name, batch_id";
+    let (p, s) = (
+        parallel.query("_kestrel/runs", ingests),
+        serial.query("_kestrel/runs", ingests),
+    );
+    assert_eq!(p.len(), 3 * 5, "each of the 5 sources per drop: {p:?}");
     assert_eq!(p, s);
     assert!(!parallel.snapshot("gold/revenue_5m", &SKIP).is_empty());
 }
