@@ -36,10 +36,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kestrel::app::App;
 use kestrel::config::Config;
 use kestrel::job::spec::JobSpec;
 use kestrel::ops::maintain::{self, MaintainOptions};
-use kestrel::app::App;
 use kestrel::runner::ingest::IngestOptions;
 use kestrel::schema::SourceSchema;
 use rand::rngs::StdRng;
