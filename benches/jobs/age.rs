@@ -665,7 +665,7 @@ pub async fn age(
             let at = base.join(format!("age-{}-young", size.name()));
             young = Some(Snapshot::take(warehouse, &landing, &at, i));
         }
-        if (i + WINDOW) % 288 == 0 && i >= CONTROL_AT + WINDOW {
+        if (i + WINDOW).is_multiple_of(288) && i >= CONTROL_AT + WINDOW {
             // The aged pipeline before the day's last WINDOW runs.
             let at = base.join(format!("age-{}-day-end", size.name()));
             aged = Some(Snapshot::take(warehouse, &landing, &at, i));
