@@ -26,8 +26,8 @@
 //! not of the machine's minute-to-minute drift. Every run is also written to
 //! `age-<mode>.csv` in the working directory. `KESTREL_AGE_PROFILE=1` adds where each
 //! hour's time went; `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone;
-//! `KESTREL_AGE_PARALLEL=N` runs N jobs at once (default: `parallel_jobs`, one per core,
-//! as `kestrel run` does).
+//! `KESTREL_AGE_PARALLEL=N` works on N sources and jobs at once (default: `parallel_jobs`,
+//! one per core, as `kestrel run` does; 1: every source, then every job, in turn).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -60,16 +60,18 @@ const SOURCES: [(&str, u32); 4] = [
 
 /// Event time generated before the first measured run (landed as its backlog).
 const WARMUP: i64 = 3 * 3600 * US;
-/// The loop index of the run before which the young warehouse is copied for the side by
-/// side: its window starts at run 24 (02:00), at the same place in the hour as the aged
-/// window's (run 273 of a day: both hold two runs ≡ 0 mod 12). Hourly work — the landing zone's full listing every 12th batch, the hourly
-/// `payment_reconciliation` — falls on runs ≡ 0 mod 12 (at scale they averaged 3.35 s
-/// against 3.01–3.25 s for the other eleven places); with run 13 as the control (until
-/// `000ce1c`) the aged side paid it and the young side did not.
+/// The loop index of the run before which the young pipeline is snapshotted for the side
+/// by side: its window starts at run 24 (02:00), at the same place in the hour as the
+/// aged window's (run 273 of a day: both hold two runs ≡ 0 mod 12). Hourly work — the
+/// landing zone's full listing every 12th batch, the hourly `payment_reconciliation` —
+/// falls on runs ≡ 0 mod 12 (at scale they averaged 3.35 s against 3.01–3.25 s for the
+/// other eleven places); with run 13 as the control (until `000ce1c`) the aged side paid
+/// it and the young side did not.
 const CONTROL_AT: usize = 23;
 
-/// Copy a directory tree (`cp -a`, or `cp -al`: hard links, for the landing zone, whose
-/// files are never modified), replacing `to`.
+/// Copy a directory tree (`cp -a`), or link it (`cp -al`: hard links, for snapshots and
+/// landing zones — kestrel and the generator never write a file in place, they write a
+/// new one and rename it), replacing `to`.
 fn copy_dir(from: &Path, to: &Path, links: bool) {
     let _ = std::fs::remove_dir_all(to);
     let ok = std::process::Command::new("cp")
@@ -78,7 +80,7 @@ fn copy_dir(from: &Path, to: &Path, links: bool) {
         .arg(to)
         .status()
         .is_ok_and(|s| s.success());
-    assert!(ok, "cp -a {} {}", from.display(), to.display());
+    assert!(ok, "cp {} {}", from.display(), to.display());
     // Written back before anything is timed: a day at scale is gigabytes of dirty pages,
     // and flushing them inside the next timed run slowed it by seconds, more for the
     // larger (aged) copy (at dd740d2 the day's last drop took 8.8 s on the aged copy,
@@ -573,8 +575,8 @@ pub async fn age(
     let mut cfg = Config::defaults(&dir);
     cfg.landing = dir.join("landing").display().to_string();
     cfg.warehouse = dir.join("warehouse").display().to_string();
-    // `KESTREL_AGE_PARALLEL=1` runs the jobs one at a time (the default: as many at once
-    // as `kestrel run`, one per core).
+    // `KESTREL_AGE_PARALLEL=1` works on one source or job at a time (the default: as many
+    // at once as `kestrel run`, one per core).
     if let Some(n) = std::env::var("KESTREL_AGE_PARALLEL")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
