@@ -128,12 +128,14 @@ impl Snapshot {
 }
 
 /// The window's runs on a fresh copy of `snap`, each as a cron-driven `kestrel run`
-/// (a new process: nothing kept), its drop's files linked into the copy's landing zone
-/// first (with their modification times). Mean seconds per run.
+/// (a new process: nothing kept) with the pipeline's configuration `cfg` (its
+/// parallelism, its scaled tombstone retention) pointed at the copy, its drop's files
+/// linked into the copy's landing zone first (with their modification times). Mean
+/// seconds per run.
 async fn run_window(
     snap: &Snapshot,
     drops: &[Vec<PathBuf>],
-    landing: &Path,
+    cfg: &Config,
     copy: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
     jobs: &BTreeMap<String, JobSpec>,
@@ -142,7 +144,8 @@ async fn run_window(
     std::fs::create_dir_all(copy).unwrap();
     copy_dir(&snap.dir.join("landing"), &copy.join("landing"), true);
     copy_dir(&snap.dir.join("warehouse"), &copy.join("warehouse"), false);
-    let mut cfg = Config::defaults(copy);
+    let landing = Path::new(&cfg.landing);
+    let mut cfg = cfg.clone();
     cfg.landing = copy.join("landing").display().to_string();
     cfg.warehouse = copy.join("warehouse").display().to_string();
     let mut total = 0.0;
@@ -173,7 +176,7 @@ async fn side_by_side(
     young: &Snapshot,
     aged: &Snapshot,
     drops: &[Vec<PathBuf>],
-    landing: &Path,
+    cfg: &Config,
     base: &Path,
     schemas: &BTreeMap<String, Arc<SourceSchema>>,
     jobs: &BTreeMap<String, JobSpec>,
@@ -181,8 +184,8 @@ async fn side_by_side(
     let copy = base.join("control");
     let (mut a, mut y, mut r) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..REPEATS {
-        let ys = run_window(young, drops, landing, &copy, schemas, jobs).await;
-        let as_ = run_window(aged, drops, landing, &copy, schemas, jobs).await;
+        let ys = run_window(young, drops, cfg, &copy, schemas, jobs).await;
+        let as_ = run_window(aged, drops, cfg, &copy, schemas, jobs).await;
         y.push(ys);
         a.push(as_);
         r.push(as_ / ys);
@@ -718,7 +721,7 @@ pub async fn age(
                     .collect::<Vec<_>>(),
             );
             let (aged, young_now, ratio) =
-                side_by_side(young, aged, &drops, &landing, base, schemas, jobs).await;
+                side_by_side(young, aged, &drops, &cfg, base, schemas, jobs).await;
             println!(
                 "  day {} ends: last 12 runs {last12:.2} s; side by side ({REPEATS} × {WINDOW} runs): the day's last {WINDOW} on the aged pipeline {aged:.2} s a run, runs 24–39 on the young one {young_now:.2} s; aged ÷ young {ratio:.2}",
                 (i + 1) / 288,
