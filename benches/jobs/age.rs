@@ -918,11 +918,44 @@ pub async fn log_cost(base: &Path) {
             wh.open("t").await.unwrap();
             incr.push(s.elapsed().as_secs_f64() * 1e3);
         }
+        // An open-partition compaction of 16 small files, kestrel's (`sink::compact`)
+        // and delta-rs's optimize (whose post-commit hook lists the whole log), in
+        // alternating pairs against the same log.
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let opts = kestrel::sink::compact::OpenCompaction::default();
+        for _ in 0..3 {
+            for by_delta_rs in [false, true] {
+                for _ in 0..16 {
+                    n += 1;
+                    t = delta::append(t, vec![batch.clone()], &[], "app", n)
+                        .await
+                        .unwrap();
+                }
+                let s = Instant::now();
+                if by_delta_rs {
+                    let (nt, _) = t.optimize().await.unwrap();
+                    t = nt;
+                    theirs.push(s.elapsed().as_secs_f64() * 1e3);
+                } else {
+                    kestrel::sink::compact::open_partitions(&wh, "t", &opts, &[], None, false)
+                        .await
+                        .unwrap()
+                        .expect("compacted");
+                    ours.push(s.elapsed().as_secs_f64() * 1e3);
+                    t = wh.open("t").await.unwrap().unwrap();
+                }
+            }
+        }
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
         println!(
-            "{target:>6} commits: append {:.1} ms, cold open {:.1} ms, kept open {:.1} ms",
+            "{target:>6} commits: append {:.1} ms (mean {mean:.1}), cold open {:.1} ms, kept open {:.1} ms; \
+             compaction of 16 files {:.1} ms, by delta-rs's optimize {:.1} ms ({:.2}x)",
             median(&times),
             median(&opens),
-            median(&incr)
+            median(&incr),
+            median(&ours),
+            median(&theirs),
+            median(&theirs) / median(&ours)
         );
     }
 }

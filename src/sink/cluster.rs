@@ -9,17 +9,12 @@
 
 use std::collections::HashSet;
 
-use arrow::compute::concat_batches;
 use datafusion::common::ScalarValue;
-use deltalake::kernel::Action;
 use deltalake::parquet::file::properties::WriterProperties;
-use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
-use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
 use crate::sink::delta;
-use crate::sink::merge::{self, MergeSpec, Target};
 
 /// Hour columns a new gold table clusters its files by within a date partition, rather
 /// than partitions by.
@@ -101,63 +96,27 @@ pub async fn compact_hour(
     target_size: u64,
 ) -> Result<(DeltaTable, HourCompacted)> {
     let url = table.table_url().to_string();
-    let columns: Vec<String> = {
-        let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
-        let schema = snap.snapshot().arrow_schema();
-        schema.fields().iter().map(|f| f.name().clone()).collect()
-    };
-    let spec = MergeSpec {
-        keys: &[],
-        partitions: vec![(column, vec![ScalarValue::Int64(Some(value))])],
-        columns,
-        op_column: "",
-        cluster: Some(column),
-    };
-    let mut target = match Target::of(&table, &spec)? {
+    let partitions = vec![(column, vec![ScalarValue::Int64(Some(value))])];
+    let mut target = match crate::sink::compact::files_of(&table, partitions, Some(column))? {
         Ok(t) => t,
         Err(why) => {
-            tracing::debug!(table = %delta::shown(url.clone()), why, "not compacted by hour");
+            tracing::debug!(table = %delta::shown(url), why, "not compacted by hour");
             return Ok((table, HourCompacted::default()));
         }
     };
     target.files.retain(|f| paths.contains(&f.path.to_string()));
-    if target.files.len() < 2 {
-        return Ok((table, HourCompacted::default()));
-    }
-    let store = table.log_store().object_store(None);
-    let mut rows = Vec::new();
-    for f in &target.files {
-        let batches: Vec<_> = merge::file_rows(store.clone(), f, &target, &url)
-            .await?
-            .try_collect()
+    let predicate = format!("{column} = {value}");
+    // One file of the hour: its small files are far below the target together.
+    let (table, done) =
+        crate::sink::compact::rewrite(table, target, props, u64::MAX, target_size, predicate)
             .await?;
-        rows.extend(batches);
-    }
-    let rows = vec![concat_batches(&target.schema, &rows)?];
-    let mut adds = delta::write_files(&table, rows, props, 1).await?;
-    for a in &mut adds {
-        a.data_change = false;
-    }
-    let done = HourCompacted {
-        files_removed: target.files.len() as u64,
-        files_added: adds.len() as u64,
-    };
-    let actions: Vec<Action> = target
-        .files
-        .into_iter()
-        .map(|f| {
-            let mut r = f.remove;
-            r.data_change = false;
-            Action::Remove(r)
-        })
-        .chain(adds.into_iter().map(Action::Add))
-        .collect();
-    let operation = DeltaOperation::Optimize {
-        predicate: Some(format!("{column} = {value}")),
-        target_size: target_size as i64,
-    };
-    let table = delta::commit_actions(table, actions, delta::commit_props(), operation).await?;
-    Ok((table, done))
+    Ok((
+        table,
+        HourCompacted {
+            files_removed: done.files_removed,
+            files_added: done.files_added,
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -27,14 +27,20 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
 
+use datafusion::common::ScalarValue;
 use deltalake::kernel::schema::partitions::{FilterOp, FilterValue};
+use deltalake::kernel::Action;
 use deltalake::parquet::file::properties::WriterProperties;
+use deltalake::protocol::DeltaOperation;
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::DeltaTable;
+use futures::TryStreamExt;
 use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::sink::delta::{self, Warehouse};
+use crate::sink::merge::{self, MergeSpec, Target, TargetFile};
 
 /// How long a compaction lease lasts: far beyond any compaction (a holder killed with -9
 /// is recognised as gone at once on its host; elsewhere the lease expires).
@@ -196,10 +202,176 @@ fn crowded(
         .collect())
 }
 
+/// Compact one partition (`column → value` pairs): its files below the target size,
+/// bin-packed in log order into files of up to the target, as delta-rs's optimize does,
+/// but written and committed by kestrel ([`rewrite`]). delta-rs's optimize runs its
+/// commit's post-commit hook with the table's defaults, whatever the caller asks, and
+/// with `delta.enableExpiredLogCleanup` (on by default) that hook lists the table's
+/// whole `_delta_log` after every compaction — a listing that grows with every commit
+/// the log keeps (a week of them: ~2,400 for a bronze table of small drops, a
+/// multi-page LIST on S3). Tables kestrel cannot rewrite itself (deletion vectors,
+/// column mapping) are left to delta-rs. Returns the table and the files removed and
+/// added.
+async fn compact_partition(
+    table: &DeltaTable,
+    part: &[(String, String)],
+    opts: &OpenCompaction,
+    props: &Option<WriterProperties>,
+) -> Result<(DeltaTable, u64, u64)> {
+    let url = table.table_url().to_string();
+    let partitions = part
+        .iter()
+        .map(|(c, v)| (c.as_str(), vec![ScalarValue::Utf8(Some(v.clone()))]))
+        .collect();
+    let mut target = match files_of(table, partitions, None) {
+        Ok(Ok(t)) => t,
+        Ok(Err(why)) => {
+            debug!(table = %delta::shown(url), why, "compacted by delta-rs");
+            return optimize_partition(table, part, opts, props).await;
+        }
+        Err(e) => {
+            debug!(table = %delta::shown(url), error = %e, "compacted by delta-rs");
+            return optimize_partition(table, part, opts, props).await;
+        }
+    };
+    target.files.retain(|f| f.size < opts.target_size);
+    let props = props
+        .clone()
+        .unwrap_or_else(|| delta::writer_properties(&[]));
+    let predicate = part
+        .iter()
+        .map(|(c, v)| format!("{c} = '{v}'"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let (t, done) = rewrite(
+        table.clone(),
+        target,
+        props,
+        opts.target_size,
+        opts.target_size,
+        predicate,
+    )
+    .await?;
+    Ok((t, done.files_removed, done.files_added))
+}
+
+/// Files of `sizes` (in order) packed into runs of at most `limit` bytes each (a file
+/// larger than the limit is a run of its own), keeping only runs of two or more files:
+/// rewriting one file alone gains nothing.
+fn bins(sizes: &[u64], limit: u64) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<(std::ops::Range<usize>, u64)> = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        match out.last_mut() {
+            Some((run, bytes)) if bytes.saturating_add(size) <= limit => {
+                run.end = i + 1;
+                *bytes += size;
+            }
+            _ => out.push((i..i + 1, size)),
+        }
+    }
+    out.into_iter()
+        .map(|(run, _)| run)
+        .filter(|run| run.len() > 1)
+        .collect()
+}
+
+/// The files of `table` holding `partitions` (see [`MergeSpec::partitions`], with
+/// `cluster`), as a [`Target`] to [`rewrite`]; `Err(why)` when kestrel cannot rewrite
+/// the table's files itself.
+pub(crate) fn files_of(
+    table: &DeltaTable,
+    partitions: Vec<(&str, Vec<ScalarValue>)>,
+    cluster: Option<&str>,
+) -> Result<std::result::Result<Target, String>> {
+    let url = table.table_url().to_string();
+    let snap = table.snapshot().map_err(|e| Error::delta(&url, e))?;
+    let columns = snap
+        .snapshot()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let spec = MergeSpec {
+        keys: &[],
+        partitions,
+        columns,
+        op_column: "",
+        cluster,
+    };
+    Target::of(table, &spec)
+}
+
+/// Rewrite `target`'s files into files of up to `bin_bytes` each (their sizes as
+/// written, bin-packed in order; a bin of one file is left as it is), in one commit
+/// that changes no data (`dataChange = false`, an `OPTIMIZE` of `predicate`):
+/// incremental readers skip it. Delta's conflict checks apply as to delta-rs's
+/// optimize: a writer that removed one of the files first makes this commit fail with
+/// a conflict (the caller gives up; the next batch tries again); one that commits
+/// after it sees the files it added and is planned again. A bin's rows are streamed
+/// from its files into one writer, which holds them encoded, not decoded.
+pub(crate) async fn rewrite(
+    table: DeltaTable,
+    target: Target,
+    props: WriterProperties,
+    bin_bytes: u64,
+    target_size: u64,
+    predicate: String,
+) -> Result<(DeltaTable, Compacted)> {
+    let url = table.table_url().to_string();
+    let sizes: Vec<u64> = target.files.iter().map(|f| f.size).collect();
+    let bins: Vec<&[TargetFile]> = bins(&sizes, bin_bytes)
+        .into_iter()
+        .map(|r| &target.files[r])
+        .collect();
+    if bins.is_empty() {
+        return Ok((table, Compacted::default()));
+    }
+    let store = table.log_store().object_store(None);
+    let mut actions: Vec<Action> = Vec::new();
+    let mut done = Compacted {
+        partitions: 1,
+        ..Compacted::default()
+    };
+    for files in bins {
+        let mut w = RecordBatchWriter::for_table(&table)
+            .map_err(|e| Error::delta(&url, e))?
+            .with_writer_properties(props.clone());
+        for f in files {
+            let mut rows = merge::file_rows(store.clone(), f, &target, &url).await?;
+            while let Some(b) = rows.try_next().await? {
+                DeltaWriter::write(&mut w, b)
+                    .await
+                    .map_err(|e| Error::delta(&url, e))?;
+            }
+        }
+        let adds = DeltaWriter::flush(&mut w)
+            .await
+            .map_err(|e| Error::delta(&url, e))?;
+        done.files_removed += files.len() as u64;
+        done.files_added += adds.len() as u64;
+        for f in files {
+            let mut r = f.remove.clone();
+            r.data_change = false;
+            actions.push(Action::Remove(r));
+        }
+        actions.extend(adds.into_iter().map(|mut a| {
+            a.data_change = false;
+            Action::Add(a)
+        }));
+    }
+    let operation = DeltaOperation::Optimize {
+        predicate: Some(predicate),
+        target_size: i64::try_from(target_size).unwrap_or(i64::MAX),
+    };
+    let table = delta::commit_actions(table, actions, delta::commit_props(), operation).await?;
+    Ok((table, done))
+}
+
 /// Compact one partition (`column → value` pairs) with delta-rs's optimize: files up to
 /// the target size, bin-packed in log order. Returns the table and the files removed
 /// and added.
-async fn compact_partition(
+async fn optimize_partition(
     table: &DeltaTable,
     part: &[(String, String)],
     opts: &OpenCompaction,
@@ -434,5 +606,101 @@ mod tests {
         let n = crate::columns::int64_at(&b[0], 0).unwrap().value(0);
         let d = crate::columns::int64_at(&b[0], 1).unwrap().value(0);
         assert_eq!((n, d), (80, 80), "{compacted} compactions committed");
+    }
+
+    #[test]
+    fn bins_pack_in_order_and_skip_lone_files() {
+        assert_eq!(bins(&[1, 1, 1, 1], 10), vec![0..4]);
+        assert_eq!(bins(&[4, 4, 4, 4, 4], 8), vec![0..2, 2..4]);
+        // A large file (over the limit) stands alone, and so does a lone remainder.
+        assert_eq!(bins(&[3, 20, 3, 3, 9], 8), vec![2..4]);
+        assert_eq!(bins(&[5], 8), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(bins(&[], 8), Vec::<std::ops::Range<usize>>::new());
+    }
+
+    /// A crowded partition of a table partitioned by a date and a string is rewritten by
+    /// kestrel (no `operationMetrics` in the commit: delta-rs's optimize writes them,
+    /// and its post-commit hook lists the whole log) into one file holding its rows with
+    /// their partition values, in a commit that changes no data; a partition below the
+    /// threshold is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crowded_partition_is_rewritten_by_kestrel_without_changing_data() {
+        use arrow::array::{Date32Array, StringArray};
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
+        let wh = Warehouse::new(loc);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Date32, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let mut t = wh.open_or_create("t", &schema, &["d", "s"]).await.unwrap();
+        let batch = |v: i64, d: i32, s: &str| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(v * 10..v * 10 + 10)) as _,
+                    Arc::new(Date32Array::from(vec![d; 10])) as _,
+                    Arc::new(StringArray::from(vec![s; 10])) as _,
+                ],
+            )
+            .unwrap()
+        };
+        for v in 0..6i64 {
+            let (d, s) = if v < 5 {
+                (20_605, "a b")
+            } else {
+                (20_604, "c")
+            };
+            t = append(t, vec![batch(v, d, s)], &["d", "s"], "w", v + 1)
+                .await
+                .unwrap();
+        }
+        let opts = OpenCompaction {
+            min_files: 4,
+            target_size: 32 << 20,
+        };
+        let done = open_partitions(&wh, "t", &opts, &[], None, false)
+            .await
+            .unwrap()
+            .expect("compacted");
+        assert_eq!((done.files_removed, done.files_added), (5, 1));
+        let t = wh.open("t").await.unwrap().unwrap();
+        let snap = t.snapshot().unwrap();
+        let files: Vec<_> = snap.log_data().iter().collect();
+        assert_eq!(files.len(), 2, "one compacted file and the untouched one");
+        let ctx = session_with(&t, "t").await.unwrap();
+        let b = ctx
+            .sql(
+                "SELECT count(*) AS n, count(DISTINCT k) AS dk, \
+                 sum(CASE WHEN d = DATE '2026-06-01' AND s = 'a b' THEN 1 ELSE 0 END) AS a \
+                 FROM t",
+            )
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let col = |i| crate::columns::int64_at(&b[0], i).unwrap().value(0);
+        assert_eq!((col(0), col(1), col(2)), (60, 60, 50));
+        let mut history = t.history(Some(1));
+        let last = futures::StreamExt::next(&mut history)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(last.operation.as_deref(), Some("OPTIMIZE"));
+        assert!(
+            !last.info.contains_key("operationMetrics"),
+            "{:?}",
+            last.info
+        );
+        let version = t.version().unwrap();
+        let commit = std::fs::read_to_string(
+            dir.path()
+                .join("t/_delta_log")
+                .join(format!("{version:020}.json")),
+        )
+        .unwrap();
+        assert!(!commit.contains("\"dataChange\":true"), "{commit}");
     }
 }

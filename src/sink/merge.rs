@@ -273,7 +273,7 @@ pub(crate) struct Target {
 /// order of the table's partition columns) and the remove action that retires it.
 pub(crate) struct TargetFile {
     pub(crate) path: ObjPath,
-    size: u64,
+    pub(crate) size: u64,
     partition: Vec<ScalarValue>,
     pub(crate) remove: Remove,
 }
