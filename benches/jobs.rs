@@ -811,6 +811,7 @@ fn main() {
         }
         if args.iter().any(|a| a == "readcost") {
             read_cost(tmp.path()).await;
+            footer_cost(tmp.path()).await;
             return;
         }
         if args.iter().any(|a| a == "dedup-memory") {
@@ -830,6 +831,97 @@ fn main() {
             payments_history(tmp.path(), &schemas, &pay).await;
         }
     });
+}
+
+/// `readcost`, second part: a keyed read as the payments jobs make it — a few order ids
+/// (random, as real ids are) over a week of bronze day files (one per `event_date`,
+/// bloom filters on the key as bronze writes them), one new session per read as each
+/// batch opens one — with the footer cache shared by the process's sessions and with a
+/// cache of each session's own (DataFusion's default), alternately.
+async fn footer_cost(base: &Path) {
+    use arrow::array::{Date32Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use rand::{Rng, SeedableRng};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Utf8, true),
+        Field::new("amount", DataType::Utf8, true),
+        Field::new("event_date", DataType::Date32, true),
+    ]));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let wh = Warehouse::new(
+        Location::open(base.join("fc").to_str().unwrap(), &Default::default(), true).unwrap(),
+    );
+    let mut t = wh
+        .open_or_create("bronze/orders", &schema, &["event_date"])
+        .await
+        .unwrap();
+    let props = kestrel::sink::delta::bronze_writer_properties(["order_id"]);
+    let mut wanted = Vec::new();
+    for d in 0..8i32 {
+        let ids: Vec<String> = (0..20_000)
+            .map(|_| format!("{:032x}", rng.gen::<u128>()))
+            .collect();
+        wanted.push(ids[d as usize * 7].clone());
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(ids.iter())),
+                Arc::new(StringArray::from_iter_values(ids.iter().map(|i| &i[..8]))),
+                Arc::new(Date32Array::from(vec![20_600 + d; 20_000])),
+            ],
+        )
+        .unwrap();
+        t = kestrel::sink::delta::append_with(
+            t,
+            vec![b],
+            &["event_date"],
+            "w",
+            i64::from(d) + 1,
+            Some(props.clone()),
+        )
+        .await
+        .unwrap();
+    }
+    // An id of each of the two newest days: the other six days' row groups are skipped
+    // by their bloom filters, after their footers are read.
+    let keys = kestrel::columns::keys_batch(wanted[6..].iter().map(String::as_str)).unwrap();
+    let days: Vec<i32> = (0..8).map(|d| 20_600 + d).collect();
+    let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..40 {
+        for (how, shared, from) in [
+            ("8 day files, shared footer cache", true, 0),
+            ("8 day files, a cache per session", false, 0),
+            ("the 2 newest day files only, shared footer cache", true, 6),
+        ] {
+            kestrel::sink::delta::share_file_metadata(shared);
+            let s = Instant::now();
+            let ctx = kestrel::sink::delta::session_with(&t, "orders")
+                .await
+                .unwrap();
+            let filter = kestrel::operator::read::dates_in("event_date", &days[from..]);
+            let b = kestrel::operator::read::read_keys(
+                &ctx, "orders", filter, "order_id", &keys, &schema,
+            )
+            .await
+            .unwrap();
+            assert_eq!(b.num_rows(), 2);
+            times
+                .entry(how)
+                .or_default()
+                .push(s.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    kestrel::sink::delta::share_file_metadata(true);
+    let m: BTreeMap<&str, f64> = times.into_iter().map(|(k, v)| (k, median(v))).collect();
+    for (how, v) in &m {
+        println!("keyed read of 2 ids, {how}: median {v:.1} ms");
+    }
+    println!(
+        "  8 files, a cache per session ÷ shared: {:.2}; 8 files ÷ 2 files (shared): {:.2}",
+        m["8 day files, a cache per session"] / m["8 day files, shared footer cache"],
+        m["8 day files, shared footer cache"]
+            / m["the 2 newest day files only, shared footer cache"]
+    );
 }
 
 /// `readcost`: what reading one batch's new rows of bronze (`_batch_id` range) and a
