@@ -11,9 +11,17 @@ use chrono::{DateTime, Utc};
 
 use super::Micros;
 
-/// The system clock, or a set one shared by its clones.
+/// The system clock, a set one, or the system clock shifted by a set offset; a set
+/// clock's clones follow it.
 #[derive(Debug, Clone, Default)]
-pub struct Clock(Option<Arc<AtomicI64>>);
+pub struct Clock(Option<Arc<Set>>);
+
+#[derive(Debug)]
+struct Set {
+    /// The time (fixed) or the offset from the system clock (shifted).
+    value: AtomicI64,
+    shifted: bool,
+}
 
 impl Clock {
     /// The system clock.
@@ -23,20 +31,39 @@ impl Clock {
 
     /// A clock standing at `us` until [`Clock::set`] moves it.
     pub fn fixed(us: Micros) -> Self {
-        Clock(Some(Arc::new(AtomicI64::new(us))))
+        Clock(Some(Arc::new(Set {
+            value: AtomicI64::new(us),
+            shifted: false,
+        })))
     }
 
-    /// Move a fixed clock (and its clones) to `us`; the system clock ignores it.
+    /// A clock that runs as the system clock does, from `us` now; [`Clock::set`] puts
+    /// it at another time, from which it runs on. A simulation of days in minutes (the
+    /// `age` benchmark) stamps what it writes with the simulated time this way, while
+    /// durations measured on it stay real.
+    pub fn shifted(us: Micros) -> Self {
+        Clock(Some(Arc::new(Set {
+            value: AtomicI64::new(us - Utc::now().timestamp_micros()),
+            shifted: true,
+        })))
+    }
+
+    /// Move a set clock (and its clones) to `us`; the system clock ignores it.
     pub fn set(&self, us: Micros) {
         if let Some(t) = &self.0 {
-            t.store(us, Ordering::SeqCst);
+            let v = match t.shifted {
+                true => us - Utc::now().timestamp_micros(),
+                false => us,
+            };
+            t.value.store(v, Ordering::SeqCst);
         }
     }
 
     /// Now, in microseconds since the epoch (UTC).
     pub fn now_us(&self) -> Micros {
         match &self.0 {
-            Some(t) => t.load(Ordering::SeqCst),
+            Some(t) if t.shifted => Utc::now().timestamp_micros() + t.value.load(Ordering::SeqCst),
+            Some(t) => t.value.load(Ordering::SeqCst),
             None => Utc::now().timestamp_micros(),
         }
     }
@@ -75,5 +102,18 @@ mod tests {
         let s = Clock::system();
         s.set(5);
         assert!(s.now_us() > 1_700_000_000_000_000);
+    }
+
+    #[test]
+    fn a_shifted_clock_runs_from_where_it_is_set() {
+        let day = 86_400_000_000;
+        let c = Clock::shifted(day);
+        let twin = c.clone();
+        let a = twin.now_us();
+        assert!((day..day + 60_000_000).contains(&a), "{a}");
+        c.set(10 * day);
+        let b = twin.now_us();
+        assert!((10 * day..10 * day + 60_000_000).contains(&b), "{b}");
+        assert!(twin.now_us() >= b, "it runs on");
     }
 }
