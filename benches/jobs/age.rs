@@ -7,10 +7,10 @@
 //! slot at 03:30 (simulated time) and whatever `run` itself does between batches.
 //! Simulated days pass by event time, arrival time (file modification times) and
 //! processing time (each run's clock is set to its drop's end: run-log dates,
-//! `_ingested_at`, plan times), not by the wall clock. Event ids are random UUIDs; lateness is heavy-tailed (the demo's
-//! distribution: p50 0.4 s, p99 4 s, max 16 min) plus a tail of events minutes to hours
-//! late and a few beyond the 3-day lookback; 0.3 % of events are delivered twice and
-//! one line in 5,000 is malformed.
+//! `_ingested_at`, plan times), not by the wall clock. Event ids are random UUIDs;
+//! lateness is heavy-tailed (the demo's distribution: p50 0.4 s, p99 4 s, max 16 min)
+//! plus a tail of events minutes to hours late and a few beyond the 3-day lookback;
+//! 0.3 % of events are delivered twice and one line in 5,000 is malformed.
 //!
 //! - `small`: ~500 events per drop (clickstream, orders, payments and inventory at the
 //!   demo's ratios, one file per source partition and drop); default a week, 2,016 runs.

@@ -936,8 +936,9 @@ pub fn session() -> SessionContext {
 /// payments' reads of a week of orders and payments, a file per closed day, paid for
 /// each day's footer on every batch. Shared, a day file costs such a read ≈ 0.42 ms
 /// instead of ≈ 0.57 ms (`cargo bench --bench jobs -- readcost`); the rest is its bloom
-/// filter reads and DataFusion's opening of the file. Data files are never rewritten in place (a Delta file's name is unique), so
-/// an entry — keyed by the file's path, checked against its size — never goes stale.
+/// filter reads and DataFusion's opening of the file. Data files are never rewritten in
+/// place (a Delta file's name is unique), so an entry — keyed by the file's path,
+/// checked against its size — never goes stale.
 pub const FILE_METADATA_CACHE_BYTES: usize = 16 << 20;
 
 static FILE_METADATA: std::sync::LazyLock<Arc<FileMetadataCache>> =
