@@ -514,6 +514,9 @@ struct Run {
     jobs_s: Vec<f64>,
     total_s: f64,
     rss_mb: f64,
+    /// Heap in use once the run is over (malloc's count, after its memory is freed):
+    /// what the process keeps from one run to the next.
+    kept_mb: f64,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -709,6 +712,7 @@ pub async fn age(
             jobs_s,
             total_s,
             rss_mb: peak_rss_bytes() as f64 / 1e6,
+            kept_mb: heap_in_use_bytes() as f64 / 1e6,
         };
         writeln!(
             csv,
@@ -748,7 +752,7 @@ pub async fn age(
             let last: Vec<f64> = done[done.len() - 12..].iter().map(|r| r.total_s).collect();
             let r = &done[done.len() - 1];
             println!(
-                "  run {:>4} ({}): median of the last 12 {:.2} s (sources ingested by {:.2} s, jobs after that {:.2} s), {} lines/drop, peak RSS {:.0} MB, {} events pending",
+                "  run {:>4} ({}): median of the last 12 {:.2} s (sources ingested by {:.2} s, jobs after that {:.2} s), {} lines/drop, peak RSS {:.0} MB, heap kept {:.0} MB, {} events pending",
                 r.index,
                 rfc3339(r.at_us),
                 median(&last),
@@ -756,6 +760,7 @@ pub async fn age(
                 r.jobs_s.iter().sum::<f64>(),
                 r.lines,
                 r.rss_mb,
+                r.kept_mb,
                 gen.pending.len()
             );
             if std::env::var("KESTREL_AGE_PROFILE").is_ok() {
@@ -875,6 +880,13 @@ fn reset_peak_rss() {
         libc::malloc_trim(0);
     }
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Bytes malloc has handed out and not had back (every arena, mapped chunks included).
+fn heap_in_use_bytes() -> usize {
+    // SAFETY: mallinfo2 only reads malloc's counters.
+    let m = unsafe { libc::mallinfo2() };
+    m.uordblks + m.hblkhd
 }
 
 fn peak_rss_bytes() -> usize {
