@@ -949,6 +949,22 @@ static FILE_METADATA: std::sync::LazyLock<Arc<FileMetadataCache>> =
 static FILE_METADATA_SHARED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(true);
 
+/// Forget every cached footer (what a new process starts with). The daemon calls it
+/// between runs (see `runner::schedule`), benchmarks of cron-driven runs between theirs.
+pub fn clear_file_metadata() {
+    FILE_METADATA.clear();
+}
+
+/// The object-store paths of the footers cached now.
+#[cfg(test)]
+fn cached_footers() -> Vec<String> {
+    FILE_METADATA
+        .list_entries()
+        .into_keys()
+        .map(|p| p.to_string())
+        .collect()
+}
+
 /// Whether sessions share the footer cache (default) or each keeps its own, for
 /// benchmarks that measure both side by side.
 pub fn share_file_metadata(on: bool) {
@@ -1103,6 +1119,55 @@ mod tests {
             }
         }
         removes
+    }
+
+    /// A read's footers stay cached for the next read of the process until
+    /// [`clear_file_metadata`] forgets them (as the daemon does between runs).
+    #[tokio::test]
+    async fn cleared_footers_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        );
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        let table = wh.open_or_create("t", &schema, &[]).await.unwrap();
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])
+                .unwrap();
+        let table = append(table, vec![batch], &[], "app", 1).await.unwrap();
+        let file = table
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .map(|f| f.object_store_path().to_string())
+            .next()
+            .expect("one data file");
+        let cached = || cached_footers().iter().any(|p| p.ends_with(&file));
+        // Another test's daemon may clear the cache between the read and the check:
+        // read again then.
+        let mut seen = false;
+        for _ in 0..5 {
+            let ctx = session_with(&table, "t").await.unwrap();
+            let rows: usize = ctx
+                .sql("SELECT a FROM t")
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum();
+            assert_eq!(rows, 2);
+            if cached() {
+                seen = true;
+                break;
+            }
+        }
+        assert!(seen, "{file} not among {:?}", cached_footers());
+        clear_file_metadata();
+        assert!(!cached(), "{file} still cached");
     }
 
     /// A local warehouse's tables are opened under `kestrel-file` (see

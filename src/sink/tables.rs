@@ -60,9 +60,10 @@ pub async fn refresh(table: &mut DeltaTable) -> deltalake::DeltaResult<()> {
     Ok(())
 }
 
-/// Forget every kept table (what a new process starts with; benchmarks of cron-driven
-/// runs call it between runs).
+/// Forget every kept table and cached footer (what a new process starts with;
+/// benchmarks of cron-driven runs call it between runs).
 pub fn clear() {
     lock().clear();
     super::txn::clear();
+    super::delta::clear_file_metadata();
 }
