@@ -26,7 +26,8 @@
 //! alternating repetitions, each run started as a new process, so the ratio is of ages,
 //! not of the machine's minute-to-minute drift. Every run is also written to
 //! `age-<mode>.csv` in the working directory. `KESTREL_AGE_PROFILE=1` adds where each
-//! hour's time went; `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone;
+//! hour's time went (the top 25 printed, every storage operation and each source's and
+//! job's batches in `age-<mode>-profile.csv`); `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone;
 //! `KESTREL_AGE_PARALLEL=N` works on N sources and jobs at once (default: `parallel_jobs`,
 //! one per core, as `kestrel run` does; 1: every source, then every job, in turn).
 
@@ -568,6 +569,26 @@ async fn run_once(
         .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
         .max()
         .unwrap_or(started_us);
+    // Each source's and job's batches (from the run log's own start and finish stamps:
+    // the batch, not the compaction after it) beside the storage operations.
+    for r in &out.sources {
+        for b in &r.batches {
+            let us = (b.finished_at_us - b.started_at_us).max(0) as u64;
+            kestrel::sink::timings::record(
+                format!("batch ingest {}", r.source),
+                std::time::Duration::from_micros(us),
+            );
+        }
+    }
+    for r in &out.jobs {
+        for b in &r.batches {
+            let us = (b.finished_at_us - b.started_at_us).max(0) as u64;
+            kestrel::sink::timings::record(
+                format!("batch job {}", r.job),
+                std::time::Duration::from_micros(us),
+            );
+        }
+    }
     let ingest_s = ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total);
     (ingest_s, vec![total - ingest_s])
 }
@@ -623,6 +644,10 @@ pub async fn age(
         "run,sim_time,files,lines,total_s,ingest_s,jobs_s,peak_rss_mb"
     )
     .unwrap();
+    let mut prof = std::io::BufWriter::new(
+        std::fs::File::create(format!("age-{}-profile.csv", size.name())).unwrap(),
+    );
+    writeln!(prof, "run,ms_per_run,calls_per_run,operation").unwrap();
     println!(
         "age {}: {runs} runs of five-minute drops from {} (all seven jobs, random UUIDs)",
         size.name(),
@@ -765,6 +790,19 @@ pub async fn age(
             );
             if std::env::var("KESTREL_AGE_PROFILE").is_ok() {
                 let p = kestrel::sink::timings::take();
+                // Every operation, not only the top 25: `age-<mode>-profile.csv`.
+                for (k, (n, d)) in &p {
+                    writeln!(
+                        prof,
+                        "{},{:.3},{:.2},\"{}\"",
+                        r.index,
+                        d.as_secs_f64() * 1e3 / 12.0,
+                        *n as f64 / 12.0,
+                        k.replace('"', "'").replace('\n', " ")
+                    )
+                    .unwrap();
+                }
+                prof.flush().unwrap();
                 let mut v: Vec<_> = p.into_iter().collect();
                 v.sort_by_key(|e| std::cmp::Reverse(e.1 .1));
                 for (k, (n, d)) in v.iter().take(25) {
