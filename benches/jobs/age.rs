@@ -571,21 +571,25 @@ async fn run_once(
         .unwrap_or(started_us);
     // Each source's and job's batches (from the run log's own start and finish stamps:
     // the batch, not the compaction after it) beside the storage operations.
+    let took = |what: String, started_us: i64, finished_us: i64| {
+        let us = (finished_us - started_us).max(0) as u64;
+        kestrel::sink::timings::record(what, std::time::Duration::from_micros(us));
+    };
     for r in &out.sources {
         for b in &r.batches {
-            let us = (b.finished_at_us - b.started_at_us).max(0) as u64;
-            kestrel::sink::timings::record(
+            took(
                 format!("batch ingest {}", r.source),
-                std::time::Duration::from_micros(us),
+                b.started_at_us,
+                b.finished_at_us,
             );
         }
     }
     for r in &out.jobs {
         for b in &r.batches {
-            let us = (b.finished_at_us - b.started_at_us).max(0) as u64;
-            kestrel::sink::timings::record(
+            took(
                 format!("batch job {}", r.job),
-                std::time::Duration::from_micros(us),
+                b.started_at_us,
+                b.finished_at_us,
             );
         }
     }
@@ -644,10 +648,12 @@ pub async fn age(
         "run,sim_time,files,lines,total_s,ingest_s,jobs_s,peak_rss_mb"
     )
     .unwrap();
-    let mut prof = std::io::BufWriter::new(
-        std::fs::File::create(format!("age-{}-profile.csv", size.name())).unwrap(),
-    );
-    writeln!(prof, "run,ms_per_run,calls_per_run,operation").unwrap();
+    let mut prof = std::env::var("KESTREL_AGE_PROFILE").is_ok().then(|| {
+        let path = format!("age-{}-profile.csv", size.name());
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+        writeln!(f, "run,ms_per_run,calls_per_run,operation").unwrap();
+        f
+    });
     println!(
         "age {}: {runs} runs of five-minute drops from {} (all seven jobs, random UUIDs)",
         size.name(),
@@ -788,7 +794,7 @@ pub async fn age(
                 r.kept_mb,
                 gen.pending.len()
             );
-            if std::env::var("KESTREL_AGE_PROFILE").is_ok() {
+            if let Some(prof) = prof.as_mut() {
                 let p = kestrel::sink::timings::take();
                 // Every operation, not only the top 25: `age-<mode>-profile.csv`.
                 for (k, (n, d)) in &p {
