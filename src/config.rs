@@ -82,7 +82,15 @@ pub struct MaintainConfig {
     /// a safety margin for readers (vacuum keeps files for `retention`); every
     /// checkpoint writes, and every open reads, the tombstones it keeps.
     pub tombstone_retention: Duration,
+    /// The daily maintenance removes the run log's days older than this (`run_date`
+    /// partitions; zero keeps them forever). Positions are the log's application
+    /// transactions, not its rows, so nothing but history is lost.
+    pub run_log_retention: Duration,
 }
+
+/// Default `[maintain] run_log_retention`: 30 days, as Delta keeps a table's log
+/// (`delta.logRetentionDuration`).
+pub const RUN_LOG_RETENTION: Duration = Duration::from_secs(30 * 86_400);
 
 impl Default for MaintainConfig {
     fn default() -> Self {
@@ -93,6 +101,7 @@ impl Default for MaintainConfig {
             open_partition_files: open.min_files,
             open_target_file_size: open.target_size,
             tombstone_retention: crate::sink::delta::TOMBSTONE_RETENTION,
+            run_log_retention: RUN_LOG_RETENTION,
         }
     }
 }
@@ -462,10 +471,11 @@ fn parse_maintain(file: &str, t: &toml::Table, m: &mut MaintainConfig) -> Result
             }
             "open_target_file_size" => m.open_target_file_size = positive(file, &field, value)?,
             "tombstone_retention" => m.tombstone_retention = duration(file, &field, value)?,
+            "run_log_retention" => m.run_log_retention = duration(file, &field, value)?,
             other => return Err(Error::config(
                 file,
                 format!("maintain.{other}"),
-                "one of retention, target_file_size, open_partition_files, open_target_file_size, tombstone_retention",
+                "one of retention, target_file_size, open_partition_files, open_target_file_size, tombstone_retention, run_log_retention",
             )),
         }
     }

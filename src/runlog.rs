@@ -323,3 +323,158 @@ pub async fn log_checkpoint(wh: &Warehouse, e: &CheckpointEntry) -> Result<bool>
 pub async fn log_job(wh: &Warehouse, e: &JobEntry) -> Result<bool> {
     append(wh, &e.row()).await
 }
+
+/// What [`expire`] removed from the run log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Expired {
+    /// `run_date` partitions removed.
+    pub partitions: usize,
+    /// Their files.
+    pub files: usize,
+    /// Their rows (from the files' statistics).
+    pub rows: u64,
+}
+
+/// Remove the run log's rows of `run_date`s before `before` (days since the epoch): whole
+/// partitions, by remove actions in one commit (a Delta `DELETE` of
+/// `run_date < 'before'`), nothing rewritten. Every partition is one file once the daily
+/// maintenance has compacted it, and every commit to a Delta table costs in proportion
+/// to its active files, so a run log kept forever makes each of a run's dozen appends
+/// slower by a file a day (README "Cost over time"). Positions are not rows: a source's
+/// or job's last batch is the application transaction of its last append
+/// ([`last_batch`]), which the table's log keeps whatever rows are removed. A run log
+/// not partitioned by `run_date` (an older release's) is left as it is. Returns the
+/// table (at its new version when something was removed).
+pub async fn expire(
+    table: deltalake::DeltaTable,
+    before: i32,
+) -> Result<(deltalake::DeltaTable, Expired)> {
+    let url = table.table_url().to_string();
+    if !delta::partition_columns(&table)?
+        .iter()
+        .any(|c| c == PARTITION)
+    {
+        return Ok((table, Expired::default()));
+    }
+    // Delta keeps a date partition value as `YYYY-MM-DD`, which orders as the date does.
+    let cutoff = crate::time::date(before);
+    let mut dates = std::collections::BTreeSet::new();
+    let mut expired = Expired::default();
+    let mut actions = Vec::new();
+    {
+        let snap = table
+            .snapshot()
+            .map_err(|e| crate::error::Error::delta(&url, e))?;
+        for f in snap.log_data().iter() {
+            let values = f.partition_values_map();
+            let Some(Some(date)) = values.get(PARTITION) else {
+                continue;
+            };
+            if date.as_str() < cutoff.as_str() {
+                dates.insert(date.clone());
+                expired.files += 1;
+                expired.rows += f.num_records().unwrap_or(0) as u64;
+                actions.push(deltalake::kernel::Action::Remove(f.remove_action(true)));
+            }
+        }
+    }
+    if actions.is_empty() {
+        return Ok((table, Expired::default()));
+    }
+    expired.partitions = dates.len();
+    let operation = deltalake::protocol::DeltaOperation::Delete {
+        predicate: Some(format!("{PARTITION} < '{cutoff}'")),
+    };
+    let table = delta::commit_actions(table, actions, delta::commit_props(), operation).await?;
+    Ok((table, expired))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Location;
+
+    const DAY_US: i64 = 86_400_000_000;
+
+    fn entry(source: &str, batch_id: i64, day: i64) -> IngestEntry {
+        IngestEntry {
+            run_id: format!("r{batch_id}"),
+            source: source.into(),
+            batch_id,
+            started_at_us: day * DAY_US + 3_600_000_000,
+            finished_at_us: day * DAY_US + 3_601_000_000,
+            rows_in: 10,
+            status: "ok".into(),
+            ..IngestEntry::default()
+        }
+    }
+
+    async fn rows(wh: &Warehouse) -> Vec<(i64, String)> {
+        let t = wh.open(names::table::RUNS).await.unwrap().unwrap();
+        let ctx = delta::session_with(&t, "runs").await.unwrap();
+        let b = delta::sql(
+            &ctx,
+            "SELECT batch_id, name FROM runs ORDER BY name, batch_id",
+        )
+        .await
+        .unwrap();
+        let mut out = Vec::new();
+        for b in b {
+            let ids = crate::columns::int64_at(&b, 0).unwrap();
+            let names = crate::columns::string_at(&b, 1).unwrap();
+            for r in 0..b.num_rows() {
+                out.push((ids.value(r), names.value(r).to_string()));
+            }
+        }
+        out
+    }
+
+    /// Expiring removes the old days' rows and keeps the newer ones; the positions
+    /// (application transactions) stay, and a batch already logged still logs once.
+    #[tokio::test]
+    async fn expire_removes_old_days_and_keeps_positions() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        );
+        // orders: batches 1–3 on days 100–102; clickstream: batch 1 on day 100 only.
+        for (b, day) in [(1, 100), (2, 101), (3, 102)] {
+            assert!(log_ingest(&wh, &entry("orders", b, day)).await.unwrap());
+        }
+        assert!(log_ingest(&wh, &entry("clickstream", 1, 100))
+            .await
+            .unwrap());
+        let t = wh.open(names::table::RUNS).await.unwrap().unwrap();
+
+        // Nothing before day 100: nothing to do, no commit.
+        let v = t.version();
+        let (t, none) = expire(t, 100).await.unwrap();
+        assert_eq!(none, Expired::default());
+        assert_eq!(t.version(), v);
+
+        let (t, e) = expire(t, 102).await.unwrap();
+        assert_eq!(
+            e,
+            Expired {
+                partitions: 2,
+                files: 3,
+                rows: 3
+            }
+        );
+        assert_eq!(t.version(), v.map(|v| v + 1));
+        assert_eq!(rows(&wh).await, vec![(3, "orders".to_string())]);
+        // Positions are the transactions, not the rows.
+        assert_eq!(last_batch(&wh, "ingest", "orders").await.unwrap(), 3);
+        assert_eq!(last_batch(&wh, "ingest", "clickstream").await.unwrap(), 1);
+        // A replayed batch whose row was expired is still known: it does not log again.
+        assert!(!log_ingest(&wh, &entry("clickstream", 1, 100))
+            .await
+            .unwrap());
+        assert!(!log_ingest(&wh, &entry("orders", 2, 101)).await.unwrap());
+        assert!(log_ingest(&wh, &entry("orders", 4, 103)).await.unwrap());
+        assert_eq!(
+            rows(&wh).await,
+            vec![(3, "orders".to_string()), (4, "orders".to_string())]
+        );
+    }
+}

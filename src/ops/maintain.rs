@@ -50,6 +50,10 @@ pub struct TableReport {
     pub files_vacuumed: usize,
     /// Delta log files (commits, checkpoints) older than the retention deleted.
     pub log_files_cleaned: usize,
+    /// The run log's days older than `[maintain] run_log_retention` removed, and their
+    /// rows ([`runlog::expire`]).
+    pub partitions_expired: usize,
+    pub rows_expired: u64,
     /// Why the table was left alone (busy, streamed, failed).
     pub skipped: Option<String>,
     pub duration_ms: u64,
@@ -252,6 +256,17 @@ pub async fn tables(
     Ok(report)
 }
 
+/// The first `run_date` the run log keeps (days since the epoch): its retention in
+/// whole days, rounded up, before today; None when it is kept forever (a zero retention).
+fn run_log_cutoff(opts: &MaintainOptions) -> Option<i32> {
+    let secs = opts.config.run_log_retention.as_secs_f64();
+    if secs <= 0.0 {
+        return None;
+    }
+    let days = (secs / 86_400.0).ceil().min(f64::from(i32::MAX / 2)) as i32;
+    Some(opts.today.saturating_sub(days))
+}
+
 /// Today as days since the epoch (UTC).
 pub fn today() -> i32 {
     chrono::Utc::now().timestamp().div_euclid(86_400) as i32
@@ -317,7 +332,22 @@ async fn table_under_lease(
     };
     let url = t.table_url().to_string();
     r.files_before = file_count(&t)?;
-    if !opts.no_compact && r.files_before > 1 {
+    if rel == crate::names::table::RUNS {
+        if let Some(before) = run_log_cutoff(opts) {
+            let (nt, e) = runlog::expire(t, before).await?;
+            t = nt;
+            r.partitions_expired = e.partitions;
+            r.rows_expired = e.rows;
+            if e.partitions > 0 {
+                info!(
+                    partitions = e.partitions,
+                    rows = e.rows,
+                    "expired run log days older than the retention"
+                );
+            }
+        }
+    }
+    if !opts.no_compact && file_count(&t)? > 1 {
         let today = crate::time::date(opts.today);
         let filters = match date_partition(&t)? {
             Some(col) => vec![(col, today)],
@@ -395,4 +425,77 @@ async fn table_under_lease(
         "maintained"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Location;
+
+    fn opts(today: i32, run_log_retention: Duration) -> MaintainOptions {
+        MaintainOptions {
+            config: crate::config::MaintainConfig {
+                run_log_retention,
+                ..Default::default()
+            },
+            today,
+            lease_ttl: Duration::from_secs(60),
+            no_compact: false,
+            no_vacuum: true,
+            stop: None,
+        }
+    }
+
+    #[test]
+    fn the_run_log_keeps_its_retention_in_whole_days() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(run_log_cutoff(&opts(100, 30 * day)), Some(70));
+        assert_eq!(run_log_cutoff(&opts(100, day / 2)), Some(99));
+        assert_eq!(run_log_cutoff(&opts(100, Duration::ZERO)), None);
+    }
+
+    /// The maintenance slot removes the run log's days beyond its retention, reports
+    /// them, and compacts what is left; positions stay.
+    #[tokio::test]
+    async fn maintenance_expires_old_run_log_days() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::new(
+            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
+        );
+        let day_us = 86_400_000_000i64;
+        for (b, day) in [(1i64, 100i64), (2, 100), (3, 104), (4, 109), (5, 110)] {
+            let e = runlog::IngestEntry {
+                run_id: format!("r{b}"),
+                source: "orders".into(),
+                batch_id: b,
+                started_at_us: day * day_us,
+                finished_at_us: day * day_us + 1_000,
+                status: "ok".into(),
+                ..Default::default()
+            };
+            assert!(runlog::log_ingest(&wh, &e).await.unwrap());
+        }
+        let runs = crate::names::table::RUNS.to_string();
+        // Today is day 110; five days kept: days 105–110.
+        let day = Duration::from_secs(86_400);
+        let report = tables(&wh, std::slice::from_ref(&runs), &opts(110, 5 * day))
+            .await
+            .unwrap();
+        let r = &report.tables[0];
+        assert_eq!(r.skipped, None, "{r:?}");
+        assert_eq!((r.partitions_expired, r.rows_expired), (2, 3), "{r:?}");
+        assert_eq!(r.files_before, 5);
+        // Day 109 (closed) compacted alone, day 110 (today) left: two files.
+        assert_eq!(r.files_after, 2, "{r:?}");
+        assert_eq!(
+            runlog::last_batch(&wh, "ingest", "orders").await.unwrap(),
+            5
+        );
+        // Kept forever with a zero retention.
+        let report = tables(&wh, &[runs], &opts(200, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(report.tables[0].partitions_expired, 0);
+        assert_eq!(report.tables[0].files_after, 2);
+    }
 }

@@ -131,6 +131,22 @@ impl RunLog {
     }
 }
 
+/// The last batch of a source or job: its newest run-log row's, else its position (the
+/// run log's days beyond `[maintain] run_log_retention` are removed; the position, an
+/// application transaction, stays). None when it never ran.
+async fn last_batch(
+    wh: &Warehouse,
+    row: Option<&RunSummary>,
+    kind: &str,
+    name: &str,
+) -> Result<Option<i64>> {
+    if let Some(r) = row {
+        return Ok(Some(r.last_batch));
+    }
+    let b = crate::runlog::last_batch(wh, kind, name).await?;
+    Ok((b > 0).then_some(b))
+}
+
 /// Int64 columns `cols` of `b`, for [`at`].
 fn ints(b: &arrow::array::RecordBatch, cols: std::ops::Range<usize>) -> Result<Vec<Int64Array>> {
     cols.map(|i| crate::columns::int64_at(b, i).map_err(Into::into))
@@ -279,7 +295,7 @@ pub async fn collect(
         let r = runs.get(&("ingest".to_string(), s.clone()));
         status.sources.push(SourceStatus {
             source: s.clone(),
-            last_batch: r.map(|r| r.last_batch),
+            last_batch: last_batch(wh, r, "ingest", s).await?,
             last_run_at: r.map(|r| iso(r.finished_at)),
             last_status: r.map(|r| r.status.clone()),
             files_day: r.map_or(0, |r| r.files),
@@ -292,7 +308,7 @@ pub async fn collect(
         let r = runs.get(&("job".to_string(), spec.name.clone()));
         let mut js = JobStatus {
             job: spec.name.clone(),
-            last_batch: r.map(|r| r.last_batch),
+            last_batch: last_batch(wh, r, "job", &spec.name).await?,
             last_run_at: r.map(|r| iso(r.finished_at)),
             last_status: r.map(|r| r.status.clone()),
             too_late_day: r.map_or(0, |r| r.too_late),
