@@ -204,7 +204,7 @@ impl Warehouse {
             .map_err(|e| Error::delta(url.as_str(), e))?;
         match table.load().await {
             Ok(()) => {
-                super::tables::keep(&table);
+                super::tables::keep_loaded(&table);
                 Ok(Some(table))
             }
             Err(deltalake::DeltaTableError::NotATable(_)) => Ok(None),
