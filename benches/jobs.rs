@@ -951,16 +951,19 @@ async fn read_cost(base: &Path) {
         )
         .unwrap()
     };
-    let mut tables = Vec::new();
-    for days in [1i32, 30, 300] {
-        let wh = Warehouse::new(
+    let warehouse = |days: i32| {
+        Warehouse::new(
             Location::open(
                 base.join(format!("rc{days}")).to_str().unwrap(),
                 &Default::default(),
                 true,
             )
             .unwrap(),
-        );
+        )
+    };
+    let mut tables = Vec::new();
+    for days in [1i32, 30, 300] {
+        let wh = warehouse(days);
         let mut t = wh
             .open_or_create("bronze/x", &schema, &["event_date"])
             .await
@@ -1018,31 +1021,87 @@ async fn read_cost(base: &Path) {
             median(v)
         );
     }
-    // A commit's cost against the same tables: a one-row append, alternately.
-    let mut commits: BTreeMap<i32, Vec<f64>> = BTreeMap::new();
-    for round in 0..15i64 {
-        for (days, t, last) in tables.iter_mut() {
-            let v = *last + 1 + round;
-            let s = Instant::now();
-            *t = kestrel::sink::delta::append(
-                t.clone(),
-                vec![rows(20_000 + *days - 1, v, 1)],
-                &["event_date"],
-                "w",
-                v,
-            )
-            .await
-            .unwrap();
-            commits
-                .entry(*days)
-                .or_default()
-                .push(s.elapsed().as_secs_f64() * 1e3);
+    // A commit's cost against the same tables: a one-row append, alternately — on the
+    // snapshot the setup's appends brought forward commit by commit (delta-rs adds each
+    // commit's files to it as a batch of their own), and on one loaded afresh from the
+    // table's checkpoint before each append.
+    let mut commits: BTreeMap<(&str, i32), Vec<f64>> = BTreeMap::new();
+    let mut next = 0i64;
+    for _ in 0..15 {
+        for snapshot in ["brought forward", "loaded afresh"] {
+            for (days, t, last) in tables.iter_mut() {
+                next += 1;
+                let v = *last + next;
+                if snapshot == "loaded afresh" {
+                    kestrel::sink::tables::forget(t.table_url());
+                    let fresh = warehouse(*days).open("bronze/x").await.unwrap().unwrap();
+                    let s = Instant::now();
+                    kestrel::sink::delta::append(
+                        fresh,
+                        vec![rows(20_000 + *days - 1, v, 1)],
+                        &["event_date"],
+                        "w",
+                        v,
+                    )
+                    .await
+                    .unwrap();
+                    commits
+                        .entry((snapshot, *days))
+                        .or_default()
+                        .push(s.elapsed().as_secs_f64() * 1e3);
+                    t.update_incremental(None).await.unwrap();
+                    continue;
+                }
+                let s = Instant::now();
+                *t = kestrel::sink::delta::append(
+                    t.clone(),
+                    vec![rows(20_000 + *days - 1, v, 1)],
+                    &["event_date"],
+                    "w",
+                    v,
+                )
+                .await
+                .unwrap();
+                commits
+                    .entry((snapshot, *days))
+                    .or_default()
+                    .push(s.elapsed().as_secs_f64() * 1e3);
+            }
         }
     }
-    for (days, v) in commits {
+    for ((snapshot, days), v) in commits {
         println!(
-            "one-row append against {days:>3} day files: median {:.1} ms",
+            "one-row append against {days:>3} day files (snapshot {snapshot}): median {:.1} ms",
             median(v)
         );
     }
+    // A long-lived process (the daemon) commits to the same table batch after batch,
+    // opening it through the warehouse each time as its batches do: the kept table is
+    // loaded afresh every `RELOAD_AFTER_COMMITS` versions, so its appends stay flat.
+    let (days, t, _) = &tables[1];
+    let wh = warehouse(*days);
+    kestrel::sink::tables::clear();
+    let mut v = t.version().unwrap_or(0) as i64 + 1_000;
+    let mut times = Vec::new();
+    for _ in 0..300 {
+        v += 1;
+        let table = wh.open("bronze/x").await.unwrap().unwrap();
+        let s = Instant::now();
+        kestrel::sink::delta::append(
+            table,
+            vec![rows(20_000 + days - 1, v, 1)],
+            &["event_date"],
+            "w",
+            v,
+        )
+        .await
+        .unwrap();
+        times.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    let first = median(times[..30].to_vec());
+    let last = median(times[270..].to_vec());
+    println!(
+        "300 appends in one process through the warehouse ({days} day files): median of the first 30 {first:.1} ms, of the last 30 {last:.1} ms ({:.2})",
+        last / first
+    );
 }

@@ -29,7 +29,9 @@
 //! hour's time went (the top 25 printed, every storage operation and each source's and
 //! job's batches in `age-<mode>-profile.csv`); `KESTREL_AGE_KEEP=1` keeps the aged warehouse and landing zone;
 //! `KESTREL_AGE_PARALLEL=N` works on N sources and jobs at once (default: `parallel_jobs`,
-//! one per core, as `kestrel run` does; 1: every source, then every job, in turn).
+//! one per core, as `kestrel run` does; 1: every source, then every job, in turn);
+//! `KESTREL_AGE_DAEMON=1` runs every drop in one process with its tables kept from run to
+//! run, as `kestrel schedule` does (default: each run as a new cron-started process).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -629,6 +631,10 @@ pub async fn age(
     {
         cfg.parallel_jobs = n.max(1);
     }
+    let daemon = std::env::var("KESTREL_AGE_DAEMON").is_ok_and(|v| v == "1");
+    if daemon {
+        println!("  daemon mode: one process, tables kept from run to run (the side by side still replays cron runs)");
+    }
     // Checkpoints drop tombstones by the wall clock, and the simulated clock here runs
     // ~55× (scale: a five-minute run every ~5.5 s) to ~200× (small: ~1.5 s) faster: the
     // default hour, scaled to it (about twelve runs).
@@ -729,7 +735,13 @@ pub async fn age(
         drops.push(landed);
         // Each cron-driven `kestrel run` is a new process: nothing kept from the last,
         // and its own peak memory (freed memory returned, the peak counter reset).
-        kestrel::sink::tables::clear();
+        // `KESTREL_AGE_DAEMON=1`: one process runs them all, as the daemon does —
+        // tables kept from run to run, the footer cache cleared between them.
+        if daemon {
+            kestrel::sink::delta::clear_file_metadata();
+        } else {
+            kestrel::sink::tables::clear();
+        }
         reset_peak_rss();
         let t = Instant::now();
         let (ingest_s, jobs_s) = run_once(&cfg, schemas, jobs, t1).await;
