@@ -33,11 +33,12 @@ use deltalake::DeltaTable;
 /// through ten commits loses, measured as above.
 pub const RELOAD_AFTER_COMMITS: u64 = 10;
 
-/// A kept table and the version it was last loaded at (None: kept without a load of
-/// its own, e.g. the table a creation returned).
+/// A kept table and the version it was last loaded at (0 when it was kept without a
+/// load of its own, e.g. the table a creation returned: its snapshot may have been
+/// brought forward from the start).
 struct Kept {
     table: DeltaTable,
-    loaded: Option<u64>,
+    loaded: u64,
 }
 
 static KEPT: LazyLock<Mutex<HashMap<String, Kept>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -58,11 +59,10 @@ fn key(table: &DeltaTable) -> String {
 pub fn kept(url: &url::Url) -> Option<DeltaTable> {
     let g = lock();
     let k = g.get(url.as_str().trim_end_matches('/'))?;
-    let worn = match (k.loaded, k.table.version()) {
-        (Some(loaded), Some(v)) => v.saturating_sub(loaded) >= RELOAD_AFTER_COMMITS,
-        (None, Some(v)) => v >= RELOAD_AFTER_COMMITS,
-        _ => false,
-    };
+    let worn = k
+        .table
+        .version()
+        .is_some_and(|v| v.saturating_sub(k.loaded) >= RELOAD_AFTER_COMMITS);
     (!worn).then(|| k.table.clone())
 }
 
@@ -78,7 +78,7 @@ pub fn keep(table: &DeltaTable) {
                 k,
                 Kept {
                     table: table.clone(),
-                    loaded: None,
+                    loaded: 0,
                 },
             );
         }
@@ -92,7 +92,7 @@ pub fn keep_loaded(table: &DeltaTable) {
         key(table),
         Kept {
             table: table.clone(),
-            loaded: table.version(),
+            loaded: table.version().unwrap_or(0),
         },
     );
 }
