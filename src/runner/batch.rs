@@ -213,7 +213,7 @@ impl JobRunner {
             Lease::acquire(&self.wh, &names::lease::job(&spec.name), self.lease_ttl).await?;
         let result = self.run_batches(spec, &mut lease, &mut report).await;
         if result.is_ok() && !report.batches.is_empty() {
-            self.compact_open(spec).await;
+            self.compact_open(spec, report.too_late() > 0).await;
         }
         if let Err(e) = lease.release().await {
             warn!(job = %spec.name, error = %e, "could not release lease");
@@ -250,10 +250,15 @@ impl JobRunner {
     }
 
     /// After a job's batches, under its lease: compact the crowded open partitions of its
-    /// gold tables, its late ledger and the run log. A failure is logged, not fatal.
-    async fn compact_open(&self, spec: &JobSpec) {
+    /// gold tables, the run log and — when the batches sent events to it (`too_late`) —
+    /// its late ledger, which only crowds when rows land in it (looking cost a cold open
+    /// of it every run once it exists). A failure is logged, not fatal: the next run, or
+    /// the daily maintenance, tries again.
+    async fn compact_open(&self, spec: &JobSpec, too_late: bool) {
         let mut tables: Vec<String> = spec.outputs().into_iter().map(|o| o.table).collect();
-        tables.push(names::table::late(&spec.name));
+        if too_late {
+            tables.push(names::table::late(&spec.name));
+        }
         tables.push(names::table::RUNS.to_string());
         for table in tables {
             let bookkeeping = table == names::table::RUNS;

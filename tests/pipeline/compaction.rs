@@ -123,9 +123,12 @@ fn open_partition_compaction_changes_no_table() {
     let (eager, never) = (Env::with_config(EAGER), Env::with_config(NEVER));
     let bs = buckets(&files);
     assert!(bs.len() >= 4, "{} buckets", bs.len());
-    for b in &bs {
+    for (i, b) in bs.iter().enumerate() {
         for env in [&eager, &never] {
             land_all(env, b);
+            // A malformed line in every bucket: its run appends to the quarantine table.
+            let bad = format!("orders/partition=0/bad-{i}.ndjson");
+            env.land(&bad, b"{\"event_id\": \"not closed\n", b[0].0);
             env.run_ok(&["run"], 0);
         }
     }
@@ -134,6 +137,13 @@ fn open_partition_compaction_changes_no_table() {
         let (e, n) = (active_files(&eager, t), active_files(&never, t));
         assert!(e < n, "{t}: {e} files with compaction, {n} without");
     }
+    // A quarantine table is compacted by the runs that write to it (only those look).
+    let q = "quarantine/orders";
+    let (e, n) = (active_files(&eager, q), active_files(&never, q));
+    assert!(
+        n >= bs.len() && e < n,
+        "{q}: {e} files with compaction, {n} without"
+    );
     // Gold's compaction keeps its files clustered: each holds one hour of windows.
     for env in [&eager, &never] {
         rt().block_on(async {
