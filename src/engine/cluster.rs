@@ -173,9 +173,15 @@ pub async fn executor(opts: ExecutorOptions, storage: BTreeMap<String, String>) 
     // It serves until stopped; meanwhile it checks that the scheduler runs its kestrel
     // version (Ballista's registration carries no such thing), and stops if not.
     let serve = start_executor_process(Arc::new(config));
-    tokio::select! {
-        r = serve => r.map_err(|e| process_error("executor")(e.to_string()))?,
-        e = super::connect::refused(&scheduler_url) => return Err(e.into()),
+    let outcome: Result<()> = tokio::select! {
+        r = serve => r.map_err(|e| process_error("executor")(e.to_string()).into()),
+        e = super::connect::refused(&scheduler_url) => Err(e.into()),
+    };
+    // Stopped (Ctrl+C, SIGTERM, the scheduler's stop request, or a version mismatch):
+    // its shuffle files and spills go with it. (A SIGKILLed executor leaves the
+    // directory; the next executor on that port reuses it.)
+    if let Err(e) = std::fs::remove_dir_all(&work_dir) {
+        tracing::debug!(dir = %work_dir.display(), error = %e, "executor: work directory left");
     }
-    Ok(())
+    outcome
 }

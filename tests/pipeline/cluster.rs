@@ -11,9 +11,12 @@ use std::sync::Arc;
 use crate::common::*;
 use crate::compaction::{assert_same_tables, buckets, demo_files, land_all, tables, SKIP};
 
-/// A cluster process, killed when dropped.
+/// A cluster process, killed when dropped. It runs with a temporary directory of its
+/// own (`TMPDIR`: an executor's shuffle files and spills) holding its log too; the
+/// directory goes with it, unless the test is failing (then it is kept, and named).
 struct Process {
     child: Child,
+    tmp: Option<tempfile::TempDir>,
     /// Its first line of output (the address it took).
     first_line: String,
     /// Lines of its log (stderr) containing [`Process::COUNTED`].
@@ -33,6 +36,9 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let (true, Some(tmp)) = (std::thread::panicking(), self.tmp.take()) {
+            eprintln!("cluster process log kept in {}", tmp.keep().display());
+        }
     }
 }
 
@@ -61,8 +67,13 @@ fn start_without(hidden: &std::path::Path, args: &[String]) -> Process {
 }
 
 fn start_command(mut command: Command, args: &[String]) -> Process {
+    let tmp = tempfile::Builder::new()
+        .prefix("kestrel-cluster-")
+        .tempdir()
+        .expect("a temporary directory");
     let mut child = command
         .args(args)
+        .env("TMPDIR", tmp.path())
         .env(
             "RUST_LOG",
             "warn,ballista_scheduler=info,kestrel::engine=info",
@@ -84,7 +95,9 @@ fn start_command(mut command: Command, args: &[String]) -> Process {
     // Its log, kept for a failed run.
     let role = args.iter().skip_while(|a| *a != "cluster").nth(1);
     let role = role.map_or("cluster", |r| r.as_str());
-    let log = std::env::temp_dir().join(format!("kestrel-{role}-{}.log", child.id()));
+    let log = tmp
+        .path()
+        .join(format!("kestrel-{role}-{}.log", child.id()));
     std::thread::spawn(move || {
         use std::io::Write;
         let mut file = std::fs::File::create(log).ok();
@@ -102,6 +115,7 @@ fn start_command(mut command: Command, args: &[String]) -> Process {
     });
     Process {
         child,
+        tmp: Some(tmp),
         first_line,
         counted,
         ingestions,
