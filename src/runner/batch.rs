@@ -281,13 +281,20 @@ impl JobRunner {
             // A stream killed while deferring its state left it to whoever runs next.
             super::deferred::catch_up(self, spec).await?;
         }
-        let mut done = runlog::last_batch(&self.wh, "job", &spec.name).await?;
+        // The job's position and its sources' completed ingestion batches, read once
+        // (one look at the run log): what lands meanwhile is the next run's.
+        let of: Vec<(&str, &str)> = std::iter::once(("job", spec.name.as_str()))
+            .chain(spec.sources.iter().map(|s| ("ingest", s.as_str())))
+            .collect();
+        let positions = runlog::last_batches(&self.wh, &of).await?;
+        let mut done = positions[0];
+        let ingested: BTreeMap<String, i64> = spec
+            .sources
+            .iter()
+            .cloned()
+            .zip(positions[1..].iter().copied())
+            .collect();
         let mut state = self.state_before(spec, done + 1).await?;
-        // Completed ingestion batches, read once: what lands meanwhile is the next run's.
-        let mut ingested = BTreeMap::new();
-        for s in &spec.sources {
-            ingested.insert(s.clone(), runlog::last_batch(&self.wh, "ingest", s).await?);
-        }
         loop {
             // Stopped (also before the first batch: one that has not started is not
             // running, and the next run does it).
