@@ -402,7 +402,6 @@ pub async fn expire(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Location;
 
     const DAY_US: i64 = 86_400_000_000;
 
@@ -444,9 +443,7 @@ mod tests {
     #[tokio::test]
     async fn expire_removes_old_days_and_keeps_positions() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         // orders: batches 1–3 on days 100–102; clickstream: batch 1 on day 100 only.
         for (b, day) in [(1, 100), (2, 101), (3, 102)] {
             assert!(log_ingest(&wh, &entry("orders", b, day)).await.unwrap());

@@ -414,7 +414,7 @@ mod tests {
     async fn keyed_reads_skip_row_groups_by_bloom_filter() {
         use crate::sink::delta;
         let dir = tempfile::tempdir().unwrap();
-        let wh = local_warehouse(&dir);
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new("order_id", DataType::Utf8, true),
@@ -478,13 +478,6 @@ mod tests {
     }
 
     /// A warehouse in local directory `dir`.
-    fn local_warehouse(dir: &tempfile::TempDir) -> crate::sink::delta::Warehouse {
-        crate::sink::delta::Warehouse::new(
-            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
-                .unwrap(),
-        )
-    }
-
     /// The keyed read of `keys` by `order_id` from table `orders` of `ctx` under `filter`:
     /// its rows, and the row groups (pruned, matched) by the scan's bloom filters.
     async fn keyed_with_pruning(
@@ -543,7 +536,7 @@ mod tests {
         use crate::sink::delta;
         use arrow::array::Date32Array;
         let dir = tempfile::tempdir().unwrap();
-        let wh = local_warehouse(&dir);
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new(

@@ -430,7 +430,6 @@ async fn table_under_lease(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Location;
 
     fn opts(today: i32, run_log_retention: Duration) -> MaintainOptions {
         MaintainOptions {
@@ -459,9 +458,7 @@ mod tests {
     #[tokio::test]
     async fn maintenance_expires_old_run_log_days() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let day_us = 86_400_000_000i64;
         for (b, day) in [(1i64, 100i64), (2, 100), (3, 104), (4, 109), (5, 110)] {
             let e = runlog::IngestEntry {

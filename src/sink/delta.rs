@@ -1062,6 +1062,14 @@ pub fn rows(batches: &[RecordBatch]) -> usize {
     batches.iter().map(|b| b.num_rows()).sum()
 }
 
+/// A warehouse on the local directory `dir` (tests: a temporary one).
+#[cfg(test)]
+pub(crate) fn local_warehouse(dir: &std::path::Path) -> Warehouse {
+    let loc =
+        crate::storage::Location::open(dir.to_string_lossy().as_ref(), &Default::default(), true);
+    Warehouse::new(loc.expect("a local warehouse location"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1074,10 +1082,7 @@ mod tests {
     /// them and 7 more appends.
     async fn tombstones_kept(retention: std::time::Duration) -> usize {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        )
-        .with_tombstone_retention(retention);
+        let wh = local_warehouse(dir.path()).with_tombstone_retention(retention);
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
         let mut table = wh.open_or_create("t", &schema, &[]).await.unwrap();
         let batch = |v: i64| {
@@ -1126,9 +1131,7 @@ mod tests {
     #[tokio::test]
     async fn cleared_footers_are_read_again() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
         let table = wh.open_or_create("t", &schema, &[]).await.unwrap();
         let batch =
@@ -1295,9 +1298,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn files_of_parallel_writers_commit_as_one_append_of_every_row() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Utf8, false),

@@ -353,8 +353,7 @@ fn groups(mut files: Vec<PartitionedFile>, n: usize) -> Vec<FileGroup> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::delta::{self, Warehouse};
-    use crate::storage::Location;
+    use crate::sink::delta;
     use arrow::array::{Date32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
     use arrow::datatypes::Field;
     use datafusion::datasource::physical_plan::FileScanConfig;
@@ -468,9 +467,7 @@ mod tests {
     #[tokio::test]
     async fn reads_equal_delta_rs_and_skip_files_by_statistics() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let mut table = wh
             .open_or_create("t", &schema(false), &["day"])
             .await
@@ -573,9 +570,7 @@ mod tests {
     #[tokio::test]
     async fn partition_values_with_escaped_characters_are_read() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let s = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Utf8, true),
             Field::new("n", DataType::Int64, true),
@@ -625,9 +620,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let table = wh.open("t").await.unwrap().unwrap();
         let why = SnapshotTable::try_new(&table).unwrap().err();
         assert_eq!(why.as_deref(), Some("deletion vectors"));

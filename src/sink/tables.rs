@@ -132,8 +132,6 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
-    use crate::sink::delta::Warehouse;
-    use crate::storage::Location;
 
     /// A table committed to through the warehouse is kept between opens until it is
     /// `RELOAD_AFTER_COMMITS` versions past its last load; the next open loads it afresh,
@@ -141,9 +139,7 @@ mod tests {
     #[tokio::test]
     async fn a_kept_table_is_loaded_afresh_every_few_versions() {
         let dir = tempfile::tempdir().unwrap();
-        let wh = Warehouse::new(
-            Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap(),
-        );
+        let wh = crate::sink::delta::local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
         let row = |v: i64| {
             RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
