@@ -50,15 +50,20 @@ fn lock() -> std::sync::MutexGuard<'static, HashMap<String, Kept>> {
     }
 }
 
+/// The map key of the table at `url` (with or without its trailing slash).
+fn url_key(url: &url::Url) -> &str {
+    url.as_str().trim_end_matches('/')
+}
+
 fn key(table: &DeltaTable) -> String {
-    table.table_url().as_str().trim_end_matches('/').to_string()
+    url_key(table.table_url()).to_string()
 }
 
 /// The kept copy of the table at `url`, if any and not yet due for a reload (see
 /// [`RELOAD_AFTER_COMMITS`]).
 pub fn kept(url: &url::Url) -> Option<DeltaTable> {
     let g = lock();
-    let k = g.get(url.as_str().trim_end_matches('/'))?;
+    let k = g.get(url_key(url))?;
     let worn = k
         .table
         .version()
@@ -99,7 +104,7 @@ pub fn keep_loaded(table: &DeltaTable) {
 
 /// Forget the table at `url` (deleted or replaced underneath).
 pub fn forget(url: &url::Url) {
-    lock().remove(url.as_str().trim_end_matches('/'));
+    lock().remove(url_key(url));
 }
 
 /// Bring a kept table up to the newest version: nothing to do unless the commit after
