@@ -81,12 +81,14 @@ impl App {
     ) -> Result<App> {
         let lease_ttl = cfg.ingest.lease_ttl;
         let parallel_jobs = cfg.parallel_jobs;
+        let budget_rows = cfg.compute_budget_rows;
         let open = cfg.maintain.open_compaction();
         let stop = ingest.stop.clone();
         let engine = cfg.engine.clone();
         let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?;
         let mut runner = JobRunner::new(ingestor.warehouse().clone(), schemas.clone(), lease_ttl)
-            .with_open_compaction(open);
+            .with_open_compaction(open)
+            .with_budget(budget_rows);
         if let Some(stop) = stop {
             runner = runner.with_stop(stop);
         }

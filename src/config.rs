@@ -141,6 +141,9 @@ pub struct Config {
     /// lease (as separate processes would; a job starts once the sources it reads are
     /// ingested); default one per core.
     pub parallel_jobs: usize,
+    /// New rows the jobs of one process recompute at once (windowed batches; a batch
+    /// larger than this runs alone); see [`crate::operator::budget`].
+    pub compute_budget_rows: usize,
     /// Where reads and aggregates execute (`[engine]`; default this process).
     pub engine: crate::engine::EngineConfig,
 }
@@ -164,6 +167,7 @@ impl Config {
             schedule: ScheduleConfig::default(),
             maintain: MaintainConfig::default(),
             parallel_jobs: default_parallel_jobs(),
+            compute_budget_rows: crate::operator::budget::DEFAULT_ROWS,
             engine: crate::engine::EngineConfig::default(),
         }
     }
@@ -226,6 +230,7 @@ impl Config {
             "schedule",
             "maintain",
             "parallel_jobs",
+            "compute_budget_rows",
             "engine",
         ];
         for (key, value) in &table {
@@ -268,6 +273,9 @@ impl Config {
                     parse_maintain(file, t, &mut cfg.maintain)?;
                 }
                 "parallel_jobs" => cfg.parallel_jobs = positive(file, key, value)? as usize,
+                "compute_budget_rows" => {
+                    cfg.compute_budget_rows = positive(file, key, value)? as usize
+                }
                 "engine" => {
                     let t = value
                         .as_table()
@@ -580,6 +588,25 @@ mod tests {
         assert_eq!(
             e,
             "k.toml: field `parallel_jobs`: expected a positive integer, got 0"
+        );
+    }
+
+    #[test]
+    fn compute_budget_rows_defaults_and_must_be_positive() {
+        let cfg = Config::parse("", "k.toml", Path::new(".")).unwrap();
+        assert_eq!(
+            cfg.compute_budget_rows,
+            crate::operator::budget::DEFAULT_ROWS
+        );
+        let cfg =
+            Config::parse("compute_budget_rows = 500000\n", "k.toml", Path::new(".")).unwrap();
+        assert_eq!(cfg.compute_budget_rows, 500_000);
+        let e = Config::parse("compute_budget_rows = -1\n", "k.toml", Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "k.toml: field `compute_budget_rows`: expected a positive integer, got -1"
         );
     }
 

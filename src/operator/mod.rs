@@ -24,6 +24,7 @@
 //! without one is a declarative windowed aggregate. Adding an operator: a module here
 //! implementing [`Operator`] with its `[params]` parser, and one line in [`REGISTRY`].
 
+pub mod budget;
 pub mod metrics;
 pub mod mirror;
 pub mod payments;
@@ -175,6 +176,8 @@ pub struct Context<'a> {
     pub clock: &'a Clock,
     /// Rows of the deferred output not committed yet (always-on mode only).
     pub pending: Option<&'a pending::Pending>,
+    /// The process's recompute budget (none: unbounded), see [`budget`].
+    pub budget: Option<&'a budget::RowBudget>,
 }
 
 impl<'a> Context<'a> {
@@ -188,6 +191,21 @@ impl<'a> Context<'a> {
             schemas,
             clock,
             pending: None,
+            budget: None,
+        }
+    }
+
+    /// The same, recomputing within `budget`.
+    pub fn with_budget(mut self, budget: Option<&'a budget::RowBudget>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Hold `rows` of the recompute budget (see [`budget`]) until the result is dropped.
+    pub async fn hold(&self, rows: usize) -> Option<budget::Held<'a>> {
+        match self.budget {
+            Some(b) => Some(b.hold(rows).await),
+            None => None,
         }
     }
 

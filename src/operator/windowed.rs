@@ -293,6 +293,9 @@ impl Operator for Windowed {
         )
         .await?;
         let read_new_ms = t.elapsed().as_millis() as u64;
+        // Recomputing reads back many times the new rows (every row of the touched
+        // windows): wait for the process's budget, so heavy batches do not stack.
+        let _held = cx.hold(new.num_rows()).await;
         // 2. Advance the watermark.
         let w_after = state.watermark.advance();
         let cutoffs = state.cutoffs.get(source).cloned().unwrap_or_default();

@@ -36,6 +36,7 @@ use crate::job::plan::{self, Input, JobCounts, JobPlan, JobState};
 use crate::job::spec::{JobSpec, LatePolicy};
 use crate::lease::Lease;
 use crate::names;
+use crate::operator::budget::RowBudget;
 use crate::operator::{read, Computed, Context, GoldRows, Write};
 use crate::runlog::{self, JobEntry};
 use crate::schema::SourceSchema;
@@ -129,6 +130,9 @@ pub struct JobRunner {
     cluster: Option<Arc<crate::engine::port::ClusterPort>>,
     /// Backfill days recomputed at once ([`super::backfill`]).
     pub(crate) parallel_days: usize,
+    /// Rows the jobs' batches recompute at once (clones share it; see
+    /// [`crate::operator::budget`]).
+    budget: Arc<RowBudget>,
 }
 
 impl JobRunner {
@@ -149,7 +153,14 @@ impl JobRunner {
             pending: None,
             cluster: None,
             parallel_days: 1,
+            budget: Arc::new(RowBudget::default()),
         }
+    }
+
+    /// Recompute at most `rows` new rows at once (`compute_budget_rows`).
+    pub fn with_budget(mut self, rows: usize) -> Self {
+        self.budget = Arc::new(RowBudget::new(rows));
+        self
     }
 
     /// Run the operators' reads and aggregates on the cluster behind `port` (see
@@ -339,7 +350,9 @@ impl JobRunner {
             Some(c) => c.as_ref(),
             None => &self.wh,
         };
-        Context::new(port, &self.schemas, &self.clock).with_pending(self.pending.as_deref())
+        Context::new(port, &self.schemas, &self.clock)
+            .with_pending(self.pending.as_deref())
+            .with_budget(Some(&self.budget))
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
