@@ -127,8 +127,18 @@ fn open_partition_compaction_changes_no_table() {
         for env in [&eager, &never] {
             land_all(env, b);
             // A malformed line in every bucket: its run appends to the quarantine table.
-            let bad = format!("orders/partition=0/bad-{i}.ndjson");
+            // Named to sort after the files landed before (discovery lists after the last
+            // name seen; the hourly full listing would catch others only later).
+            let bad = format!("orders/partition=0/x-{i:03}-bad.ndjson");
             env.land(&bad, b"{\"event_id\": \"not closed\n", b[0].0);
+            // From the second bucket on, an order 30 days older than the watermark: too
+            // late for the revenue jobs (lookback 3 d), so every run sends one to their
+            // late ledgers.
+            if i > 0 {
+                let line = late_order(b, i);
+                let late = format!("orders/partition=0/x-{i:03}-late.ndjson");
+                env.land(&late, line.as_bytes(), b[0].0);
+            }
             env.run_ok(&["run"], 0);
         }
     }
@@ -144,6 +154,13 @@ fn open_partition_compaction_changes_no_table() {
         n >= bs.len() && e < n,
         "{q}: {e} files with compaction, {n} without"
     );
+    // So is a late ledger: only runs that send events to it look at it.
+    let late = "late/revenue_5m";
+    let (e, n) = (active_files(&eager, late), active_files(&never, late));
+    assert!(
+        n >= bs.len() - 1 && e < n,
+        "{late}: {e} files with compaction, {n} without"
+    );
     // Gold's compaction keeps its files clustered: each holds one hour of windows.
     for env in [&eager, &never] {
         rt().block_on(async {
@@ -157,6 +174,30 @@ fn open_partition_compaction_changes_no_table() {
             }
         });
     }
+}
+
+/// The first well-formed order line of `bucket`, 30 days earlier and with an event id
+/// of its own (the demo lands some malformed and re-delivered lines on purpose).
+fn late_order(bucket: &[&(i64, String, Vec<u8>)], i: usize) -> String {
+    let lines = bucket
+        .iter()
+        .filter(|(_, rel, _)| rel.starts_with("orders/"))
+        .flat_map(|(_, _, body)| body.split(|b| *b == b'\n'));
+    for line in lines {
+        let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(Ok(ts)) = v["event_ts"]
+            .as_str()
+            .map(chrono::DateTime::parse_from_rfc3339)
+        else {
+            continue;
+        };
+        v["event_ts"] = (ts - chrono::Duration::days(30)).to_rfc3339().into();
+        v["event_id"] = format!("late-order-{i}").into();
+        return format!("{v}\n");
+    }
+    panic!("bucket {i} lands no well-formed order line");
 }
 
 /// kill -9 after an open-partition compaction wrote its files and before its commit:
