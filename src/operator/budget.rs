@@ -9,7 +9,8 @@
 //! a batch holds `min(new rows, budget)` rows of it while it reads and aggregates, so
 //! two batches of more than half the budget run one after the other, while small ones
 //! (the revenue jobs' 2k orders, every job of a small drop) still run side by side.
-//! A batch larger than the budget runs alone. See the README ("Cost over time", memory).
+//! A batch larger than the budget runs alone. See the README ("Cost over time", "What a
+//! run holds at its peak").
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -37,11 +38,6 @@ impl RowBudget {
             rows,
             permits: Semaphore::new(rows),
         }
-    }
-
-    /// The budget's size in rows.
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 
     /// Wait until `rows` (capped at the budget, at least one) are free and hold them.
