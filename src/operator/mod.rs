@@ -196,8 +196,8 @@ impl<'a> Context<'a> {
     }
 
     /// The same, recomputing within `budget`.
-    pub fn with_budget(mut self, budget: Option<&'a budget::RowBudget>) -> Self {
-        self.budget = budget;
+    pub fn with_budget(mut self, budget: &'a budget::RowBudget) -> Self {
+        self.budget = Some(budget);
         self
     }
 

@@ -352,7 +352,7 @@ impl JobRunner {
         };
         Context::new(port, &self.schemas, &self.clock)
             .with_pending(self.pending.as_deref())
-            .with_budget(Some(&self.budget))
+            .with_budget(&self.budget)
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.
