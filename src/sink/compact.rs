@@ -737,6 +737,88 @@ mod tests {
         assert_eq!(bins(&[], 8), Vec::<std::ops::Range<usize>>::new());
     }
 
+    /// A compaction leaves an earlier output that is larger than everything written
+    /// after it: 3 appends of 2,000 rows are compacted into one file, then 2 appends of
+    /// 10 rows are compacted without it (2 files removed, 1 added), and the partition
+    /// holds every row once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compaction_leaves_an_earlier_output_larger_than_what_came_after() {
+        use arrow::array::Date32Array;
+        let dir = tempfile::tempdir().unwrap();
+        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
+        let wh = Warehouse::new(loc);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Date32, true),
+        ]));
+        let mut t = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
+        let rows = |from: i64, n: usize| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(from..from + n as i64)) as _,
+                    Arc::new(Date32Array::from(vec![20_605; n])) as _,
+                ],
+            )
+            .unwrap()
+        };
+        let opts = OpenCompaction {
+            min_files: 2,
+            target_size: 32 << 20,
+        };
+        for v in 0..3i64 {
+            t = append(t, vec![rows(v * 2_000, 2_000)], &["d"], "w", v + 1)
+                .await
+                .unwrap();
+        }
+        crate::sink::tables::keep(&t);
+        let done = open_partitions(&wh, "t", &opts, &[], None, false)
+            .await
+            .unwrap()
+            .expect("compacted");
+        assert_eq!((done.files_removed, done.files_added), (3, 1));
+        let mut t = wh.open("t").await.unwrap().unwrap();
+        for v in 0..2i64 {
+            t = append(t, vec![rows(6_000 + v * 10, 10)], &["d"], "w", v + 4)
+                .await
+                .unwrap();
+        }
+        crate::sink::tables::keep(&t);
+        let done = open_partitions(&wh, "t", &opts, &[], None, false)
+            .await
+            .unwrap()
+            .expect("compacted");
+        assert_eq!(
+            (done.files_removed, done.files_added),
+            (2, 1),
+            "the 6,000-row output stays"
+        );
+        let t = wh.open("t").await.unwrap().unwrap();
+        let snap = t.snapshot().unwrap();
+        let mut counts: Vec<i64> = snap
+            .log_data()
+            .iter()
+            .map(|f| f.num_records().unwrap_or(0) as i64)
+            .collect();
+        counts.sort();
+        assert_eq!(counts, vec![20, 6_000]);
+        let ctx = session_with(&t, "t").await.unwrap();
+        let b = ctx
+            .sql("SELECT count(*) AS n, count(DISTINCT k) AS dk FROM t")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let col = |i| crate::columns::int64_at(&b[0], i).unwrap().value(0);
+        assert_eq!((col(0), col(1)), (6_020, 6_020));
+        // Nothing left to compact: one small file stays one file.
+        assert!(open_partitions(&wh, "t", &opts, &[], None, false)
+            .await
+            .unwrap()
+            .is_none());
+    }
+
     /// A crowded partition of a table partitioned by a date and a string is rewritten by
     /// kestrel (no `operationMetrics` in the commit: delta-rs's optimize writes them,
     /// and its post-commit hook lists the whole log) into one file holding its rows with
