@@ -607,8 +607,7 @@ async fn compact_crowded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::delta::{append, session_with};
-    use crate::storage::Location;
+    use crate::sink::delta::{append, local_warehouse, session_with};
     use arrow::array::{Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
@@ -680,11 +679,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_compactions_of_one_table_leave_every_row_once() {
         let dir = tempfile::tempdir().unwrap();
-        let open_wh = || {
-            let loc =
-                Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
-            Warehouse::new(loc)
-        };
+        let open_wh = || local_warehouse(dir.path());
         let wh = open_wh();
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
         let mut t = wh.open_or_create("t", &schema, &[]).await.unwrap();
@@ -713,6 +708,12 @@ mod tests {
         }
         assert!(compacted >= 1, "someone compacted");
         let wh = open_wh();
+        let (n, d) = rows_and_keys(&wh).await;
+        assert_eq!((n, d), (80, 80), "{compacted} compactions committed");
+    }
+
+    /// Rows and distinct `k`s of table `t` in `wh`.
+    async fn rows_and_keys(wh: &Warehouse) -> (i64, i64) {
         let t = wh.open("t").await.unwrap().unwrap();
         let ctx = session_with(&t, "t").await.unwrap();
         let b = ctx
@@ -722,9 +723,8 @@ mod tests {
             .collect()
             .await
             .unwrap();
-        let n = crate::columns::int64_at(&b[0], 0).unwrap().value(0);
-        let d = crate::columns::int64_at(&b[0], 1).unwrap().value(0);
-        assert_eq!((n, d), (80, 80), "{compacted} compactions committed");
+        let col = |i| crate::columns::int64_at(&b[0], i).unwrap().value(0);
+        (col(0), col(1))
     }
 
     #[test]
@@ -745,8 +745,7 @@ mod tests {
     async fn a_compaction_leaves_an_earlier_output_larger_than_what_came_after() {
         use arrow::array::Date32Array;
         let dir = tempfile::tempdir().unwrap();
-        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
-        let wh = Warehouse::new(loc);
+        let wh = local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Date32, true),
@@ -802,16 +801,7 @@ mod tests {
             .collect();
         counts.sort();
         assert_eq!(counts, vec![20, 6_000]);
-        let ctx = session_with(&t, "t").await.unwrap();
-        let b = ctx
-            .sql("SELECT count(*) AS n, count(DISTINCT k) AS dk FROM t")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let col = |i| crate::columns::int64_at(&b[0], i).unwrap().value(0);
-        assert_eq!((col(0), col(1)), (6_020, 6_020));
+        assert_eq!(rows_and_keys(&wh).await, (6_020, 6_020));
         // Nothing left to compact: one small file stays one file.
         assert!(open_partitions(&wh, "t", &opts, &[], None, false)
             .await
@@ -828,8 +818,7 @@ mod tests {
     async fn a_crowded_partition_is_rewritten_by_kestrel_without_changing_data() {
         use arrow::array::{Date32Array, StringArray};
         let dir = tempfile::tempdir().unwrap();
-        let loc = Location::open(dir.path().to_str().unwrap(), &Default::default(), true).unwrap();
-        let wh = Warehouse::new(loc);
+        let wh = local_warehouse(dir.path());
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Date32, true),
