@@ -57,7 +57,7 @@ impl std::fmt::Display for LogListing {
 }
 
 /// Characters an object path segment keeps as they are on disk (no percent-encoding).
-fn plain(s: &str) -> bool {
+pub(crate) fn plain(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'='))
@@ -271,7 +271,7 @@ fn probe_version(
 
 /// What object_store's local file system says of a file: size, modification time and
 /// its e-tag (inode, mtime, size).
-fn object_meta(location: String, meta: &std::fs::Metadata) -> Option<ObjectMeta> {
+pub(crate) fn object_meta(location: String, meta: &std::fs::Metadata) -> Option<ObjectMeta> {
     let modified = meta.modified().ok()?;
     let micros = modified
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
@@ -321,6 +321,9 @@ impl ObjectStore for LogListing {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        if let Some(kept) = super::logcache::get(location, &options).await {
+            return Ok(kept);
+        }
         self.inner.get_opts(location, options).await
     }
 

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod compact;
 pub mod delta;
 pub mod late;
+pub mod logcache;
 pub mod loglist;
 pub mod merge;
 pub mod probe;

@@ -121,12 +121,13 @@ pub async fn refresh(table: &mut DeltaTable) -> deltalake::DeltaResult<()> {
     Ok(())
 }
 
-/// Forget every kept table and cached footer (what a new process starts with;
+/// Forget every kept table, cached footer and kept log file (what a new process starts with;
 /// benchmarks of cron-driven runs call it between runs).
 pub fn clear() {
     lock().clear();
     super::txn::clear();
     super::delta::clear_file_metadata();
+    super::logcache::clear();
 }
 
 #[cfg(test)]
