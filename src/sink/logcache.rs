@@ -135,7 +135,9 @@ pub async fn get(location: &Path, options: &GetOptions) -> Option<GetResult> {
     let key = location.as_ref().to_string();
     // The e-tag of what is on disk now, so a file deleted and written again under the
     // same name is not answered from an older copy.
-    let on_disk = std::fs::metadata(&path).ok()?;
+    let on_disk = std::fs::metadata(&path)
+        .ok()
+        .filter(|m| m.len() <= LARGEST)?;
     let meta = super::loglist::object_meta(key.clone(), &on_disk)?;
     let etag = meta.e_tag.clone()?;
     let kept = {
