@@ -398,6 +398,11 @@ impl Ingestor {
             }
             if !report.batches.is_empty() {
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
+                // A backlog's next batch starts from what the last one freed, not on top
+                // of it: over 5M orders in four batches the resident floor between
+                // batches rose 225 → 449 MiB without this, and stays at 120–145 MiB with
+                // it (no slower; `--bench jobs -- throughput`).
+                crate::alloc::release();
             }
             let n = last + 1;
             let (plan, resumed) = match ledger::read_plan(&self.wh, source, n).await? {
