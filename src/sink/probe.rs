@@ -274,17 +274,22 @@ async fn existing_prepared(
 /// holds none of K values costs K checks (a few nanoseconds each) to rule out, and one
 /// that holds one costs a read of its id column (about 150 ns a row: decompression,
 /// decoding and a set lookup per row) either way; so when K exceeds this many times the
-/// rows, reading is the cheaper way to the same exact answer. With 1.1–1.4M random UUIDs
+/// rows, reading is the cheaper way to the same exact answer. A read also has a fixed
+/// cost (a request and a page to set up), counted as [`READ_FIXED_ROWS`] rows, so a small
+/// row group of a five-minute append keeps being asked. With 1.1–1.4M random UUIDs
 /// a batch (`cargo bench --bench jobs -- throughput`) against 16k-row groups, every
 /// filter asked took 1.83–1.93 s of probing over the run's four batches, reading those
 /// row groups instead 1.63–1.73 s. A five-minute drop (hundreds to tens of thousands of
 /// ids) still asks every filter of every row group it meets.
 pub const CHECKS_PER_ROW: usize = 40;
 
+/// The fixed cost of reading a row group, in rows (≈ 150 µs).
+pub const READ_FIXED_ROWS: usize = 1024;
+
 /// Whether asking a row group of `rows` rows' filter about `incoming` values is worth it
 /// (see [`CHECKS_PER_ROW`]).
 fn worth_checking(incoming: usize, rows: usize) -> bool {
-    incoming <= rows.saturating_mul(CHECKS_PER_ROW)
+    incoming <= (rows + READ_FIXED_ROWS).saturating_mul(CHECKS_PER_ROW)
 }
 
 /// The incoming values as a file's probe compares them: the set, behind its bitset.
@@ -640,8 +645,9 @@ mod tests {
             "id-3".to_string(),
         ]);
         let mut many = few.clone();
-        many.extend((0..5000).map(|i| format!("id-1-{i:04}-stranger")));
+        many.extend((0..45_000).map(|i| format!("id-1-{i:05}-stranger")));
         assert!(!worth_checking(many.len(), 100) && worth_checking(few.len(), 100));
+        assert!(worth_checking(40_000, 1), "a tiny row group is asked");
         for (incoming, asked) in [(&few, true), (&many, false)] {
             let ids: Ids<'_> = incoming.iter().map(|s| s.as_str()).collect();
             for (exclude, expect) in [(None, &wanted[..]), (Some(2), &wanted[..2])] {
