@@ -583,8 +583,8 @@ mod tests {
 
     /// Two files of ten 100-row groups with an `event_id` filter each: a few ids ask the
     /// filters and read only the row groups that may hold them; more ids than
-    /// [`CHECKS_PER_ROW`] times a row group's rows read every row group instead — and both
-    /// find exactly the ids held, outside the excluded batch.
+    /// [`CHECKS_PER_ROW`] times a row group's rows and [`READ_FIXED_ROWS`] read every row
+    /// group instead — and both find exactly the ids held, outside the excluded batch.
     #[tokio::test]
     async fn few_ids_ask_the_filters_many_read_and_both_find_the_same() {
         use arrow::array::{Int64Array, RecordBatch, StringArray};
