@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use crate::time::clock::Clock;
 use crate::time::Micros;
-use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
+use arrow::array::{Array, AsArray, BooleanArray, Date32Array, RecordBatch};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::Date32Type;
 use futures::{StreamExt, TryStreamExt};
@@ -958,8 +958,8 @@ fn dedup_in_memory(
 ) -> Result<Vec<RecordBatch>> {
     let id_idx = schema.event_id_index();
     let landed_idx = schema.bronze.index_of("_landed_at")?;
-    let mut out = Vec::with_capacity(batches.len());
-    for b in batches {
+    let mut masks = Vec::with_capacity(batches.len());
+    for b in &batches {
         let ids = b.column(id_idx).as_string::<i32>();
         let landed = b
             .column(landed_idx)
@@ -978,16 +978,9 @@ fn dedup_in_memory(
                 )
             })
             .collect();
-        if mask.true_count() == b.num_rows() {
-            out.push(b);
-            continue;
-        }
-        let f = filter_record_batch(&b, &mask)?;
-        if f.num_rows() > 0 {
-            out.push(f);
-        }
+        masks.push(mask);
     }
-    Ok(out)
+    keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
 }
 
 /// The `incoming` event ids that bronze already holds in the touched event `dates` (rows
@@ -1096,18 +1089,42 @@ pub(crate) async fn dedup_in_dates(
             }
         }
     }
-    keep_rows(batches, masks)
+    keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
 }
 
-/// `batches` with only the rows their `masks` keep, in order (batches left empty are
-/// dropped; a batch whose mask keeps everything is passed on, not copied). One batch at a
-/// time, so a batch's input is freed as its copy is made. (Spreading the copying over
-/// the blocking threads saved ≈ 0.1 s per million rows but raised the throughput
-/// bench's peak RSS from ≈ 0.8 to 0.85–1.1 GiB: glibc keeps what those threads free
-/// in their own arenas.)
-fn keep_rows(batches: Vec<RecordBatch>, masks: Vec<BooleanArray>) -> Result<Vec<RecordBatch>> {
+/// `batches` with only the rows their `masks` keep, each cut by its `event_date` (column
+/// `date_idx`): one output batch per batch and date, rows in order within it (batches
+/// left empty are dropped; a batch of one date whose mask keeps everything is passed on,
+/// not copied). A batch of one date each is what bronze's writers encode without copying
+/// the rows once more ([`delta::one_partition`]): delta-rs's split by partition value
+/// copies every row of a batch, one date or several, so cutting here while the kept rows
+/// are copied anyway leaves a row copied once between decode and Parquet, not twice.
+/// One batch at a time, so a batch's input is freed as its copy is made. (Spreading the
+/// copying over the blocking threads saved ≈ 0.1 s per million rows but raised the
+/// throughput bench's peak RSS from ≈ 0.8 to 0.85–1.1 GiB: glibc keeps what those
+/// threads free in their own arenas.)
+fn keep_rows(
+    batches: Vec<RecordBatch>,
+    masks: Vec<BooleanArray>,
+    date_idx: usize,
+) -> Result<Vec<RecordBatch>> {
     let mut out = Vec::with_capacity(batches.len());
     for (b, m) in batches.into_iter().zip(masks) {
+        let dates = b.column(date_idx).as_primitive::<Date32Type>();
+        let (lo, hi) = (arrow::compute::min(dates), arrow::compute::max(dates));
+        // Several dates (and no nulls, which a comparison would drop): one batch a date.
+        if dates.null_count() == 0 && lo != hi {
+            let mut each = BTreeSet::new();
+            each.extend(dates.values().iter().copied());
+            for d in each {
+                let on = arrow::compute::kernels::cmp::eq(dates, &Date32Array::new_scalar(d))?;
+                let f = filter_record_batch(&b, &arrow::compute::and(&m, &on)?)?;
+                if f.num_rows() > 0 {
+                    out.push(f);
+                }
+            }
+            continue;
+        }
         if m.true_count() == b.num_rows() {
             out.push(b);
             continue;
@@ -1126,46 +1143,77 @@ mod tests {
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
 
-    /// The rows kept are the rows the masks keep, in order, with empty batches dropped.
+    /// The rows kept are the rows the masks keep, in order within each batch and event
+    /// date, a batch of several dates cut into one batch a date (in date order), with
+    /// empty batches dropped and a whole batch of one date passed on uncopied.
     #[test]
-    fn kept_rows_are_the_masks_rows_in_order() {
+    fn kept_rows_are_the_masks_rows_in_order_one_date_a_batch() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("n", DataType::Int64, false),
             Field::new("s", DataType::Utf8, false),
+            Field::new("d", DataType::Date32, false),
         ]));
         let mut batches = Vec::new();
         let mut masks = Vec::new();
         let mut next = 0i64;
         // 9 batches of 20k rows: every 7th row dropped, batch 4 dropped whole, batch 6
-        // kept whole.
+        // kept whole; batches 2 and 5 hold two dates (every third row a day earlier),
+        // batch 8 two dates and every row kept.
+        let date = |b: i64, v: i64| {
+            if [2, 5, 8].contains(&b) && v % 3 == 0 {
+                20_000
+            } else {
+                20_001
+            }
+        };
+        let keeps = |b: i64, v: i64| b != 4 && (b == 6 || b == 8 || v % 7 != 0);
         for b in 0..9 {
             let n: Vec<i64> = (next..next + 20_000).collect();
             next += 20_000;
             let s: Vec<String> = n.iter().map(|v| format!("id-{v}")).collect();
+            let d: Vec<i32> = n.iter().map(|v| date(b, *v)).collect();
             batches.push(
                 RecordBatch::try_new(
                     schema.clone(),
                     vec![
                         Arc::new(Int64Array::from(n.clone())),
                         Arc::new(StringArray::from(s)),
+                        Arc::new(Date32Array::from(d)),
                     ],
                 )
                 .unwrap(),
             );
             masks.push(BooleanArray::from(
-                n.iter()
-                    .map(|v| b != 4 && (b == 6 || v % 7 != 0))
-                    .collect::<Vec<_>>(),
+                n.iter().map(|v| keeps(b, *v)).collect::<Vec<_>>(),
             ));
         }
-        let expected: Vec<i64> = (0..next)
-            .filter(|v| {
-                let b = v / 20_000;
-                b != 4 && (b == 6 || v % 7 != 0)
-            })
-            .collect();
-        let kept = keep_rows(batches, masks).unwrap();
-        assert_eq!(kept.len(), 8, "the emptied batch is dropped");
+        let whole = batches[6].column(1).clone();
+        let mut expected = Vec::new();
+        for b in 0..9 {
+            for d in [20_000, 20_001] {
+                expected.extend(
+                    (b * 20_000..(b + 1) * 20_000).filter(|v| keeps(b, *v) && date(b, *v) == d),
+                );
+            }
+        }
+        let kept = keep_rows(batches, masks, 2).unwrap();
+        assert_eq!(
+            kept.len(),
+            11,
+            "the emptied batch is dropped, the three of two dates cut in two"
+        );
+        for b in &kept {
+            let d = b.column(2).as_primitive::<Date32Type>();
+            assert_eq!(
+                arrow::compute::min(d),
+                arrow::compute::max(d),
+                "one date a batch"
+            );
+        }
+        assert!(
+            kept.iter().any(|b| Arc::ptr_eq(b.column(1), &whole)),
+            "a whole batch of one date is not copied"
+        );
         let got: Vec<i64> = kept
             .iter()
             .flat_map(|b| {

@@ -672,10 +672,16 @@ pub async fn write_files(
                 let mut w = deltalake::writer::RecordBatchWriter::for_table(&table)
                     .map_err(|e| Error::delta(&url, e))?
                     .with_writer_properties(props);
+                let partitions = partition_columns(&table)?;
                 for b in run {
-                    deltalake::writer::DeltaWriter::write(&mut w, b)
-                        .await
-                        .map_err(|e| Error::delta(&url, e))?;
+                    match one_partition(&b, &partitions)? {
+                        Some(values) => w
+                            .write_partition(b, &values, deltalake::writer::WriteMode::Default)
+                            .await
+                            .map(drop),
+                        None => deltalake::writer::DeltaWriter::write(&mut w, b).await,
+                    }
+                    .map_err(|e| Error::delta(&url, e))?;
                 }
                 deltalake::writer::DeltaWriter::flush(&mut w)
                     .await
@@ -696,6 +702,40 @@ pub async fn write_files(
         t.elapsed(),
     );
     Ok(adds)
+}
+
+/// The partition values of `batch` when all its rows share them (and none is null), for a
+/// write that skips delta-rs's split of the batch by partition: that split copies every
+/// row (`take`) even when the batch holds one partition, as a bronze batch cut by event
+/// date ([`crate::runner::ingest`]) or a gold batch cut by window date does. `None` for an
+/// unpartitioned table (delta-rs writes those without a split) and for a batch of
+/// several partitions.
+pub fn one_partition(
+    batch: &RecordBatch,
+    partitions: &[String],
+) -> Result<Option<indexmap::IndexMap<String, delta_kernel::expressions::Scalar>>> {
+    use deltalake::kernel::scalars::ScalarExt;
+    if partitions.is_empty() || batch.num_rows() == 0 {
+        return Ok(None);
+    }
+    let mut values = indexmap::IndexMap::with_capacity(partitions.len());
+    for name in partitions {
+        let Some(col) = batch.column_by_name(name) else {
+            return Ok(None);
+        };
+        if col.null_count() > 0 {
+            return Ok(None);
+        }
+        let first = arrow::array::Scalar::new(col.slice(0, 1));
+        if arrow::compute::kernels::cmp::eq(col, &first)?.true_count() != col.len() {
+            return Ok(None);
+        }
+        match delta_kernel::expressions::Scalar::from_array(col.as_ref(), 0) {
+            Some(v) => values.insert(name.clone(), v),
+            None => return Ok(None),
+        };
+    }
+    Ok(Some(values))
 }
 
 /// [`write_files`], but a file holds rows of one value of `column` only (one file per
@@ -1421,6 +1461,117 @@ mod tests {
         )
         .unwrap()];
         assert_eq!(write_files(&table, small, props, 8).await.unwrap().len(), 1);
+    }
+
+    /// Batches of one partition each are written without delta-rs's split, a batch of
+    /// several with it, and every row lands in the partition of its own value.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_of_one_partition_are_written_to_it_and_mixed_ones_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = local_warehouse(dir.path());
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Utf8, true),
+        ]));
+        let batch = |ks: std::ops::Range<i64>, day: &dyn Fn(i64) -> Option<&'static str>| {
+            let ks: Vec<i64> = ks.collect();
+            let ds: Vec<Option<&str>> = ks.iter().map(|k| day(*k)).collect();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ks)),
+                    Arc::new(arrow::array::StringArray::from(ds)),
+                ],
+            )
+            .unwrap()
+        };
+        let jan1 = |_| Some("2026-01-01");
+        let jan2 = |_| Some("2026-01-02");
+        let mixed = |k: i64| {
+            Some(if k % 2 == 0 {
+                "2026-01-01"
+            } else {
+                "2026-01-02"
+            })
+        };
+        let nulls = |k: i64| (k % 2 == 0).then_some("2026-01-01");
+        let parts = vec!["d".to_string()];
+        let one = one_partition(&batch(0..10, &jan1), &parts)
+            .unwrap()
+            .unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            deltalake::kernel::scalars::ScalarExt::serialize(&one["d"]),
+            "2026-01-01"
+        );
+        assert!(one_partition(&batch(0..10, &mixed), &parts)
+            .unwrap()
+            .is_none());
+        assert!(one_partition(&batch(0..10, &nulls), &parts)
+            .unwrap()
+            .is_none());
+        assert!(one_partition(&batch(0..10, &jan1), &[]).unwrap().is_none());
+
+        let table = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
+        let batches = vec![
+            batch(0..100, &jan1),
+            batch(100..250, &jan2),
+            batch(250..400, &mixed),
+            batch(400..420, &jan1),
+            batch(420..440, &nulls),
+        ];
+        let adds = write_files(&table, batches, WriterProperties::builder().build(), 2)
+            .await
+            .unwrap();
+        let table = commit_adds(table, adds, "w", 1).await.unwrap();
+        let ctx = session_with(&table, "t").await.unwrap();
+        let got = sql(
+            &ctx,
+            "SELECT coalesce(d, 'null') AS d, count(*), sum(k) FROM t GROUP BY 1 ORDER BY 1",
+        )
+        .await
+        .unwrap();
+        let got = arrow::compute::concat_batches(&got[0].schema(), &got).unwrap();
+        let rows: Vec<(String, i64, i64)> = (0..got.num_rows())
+            .map(|i| {
+                let s = arrow::compute::cast(got.column(0), &DataType::Utf8).unwrap();
+                let int = |c: usize| {
+                    arrow::compute::cast(got.column(c), &DataType::Int64)
+                        .unwrap()
+                        .as_any()
+                        .downcast_ref::<Int64Array>()
+                        .unwrap()
+                        .value(i)
+                };
+                let s = s
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringArray>()
+                    .unwrap();
+                (s.value(i).to_string(), int(1), int(2))
+            })
+            .collect();
+        let want = |d: Option<&str>| {
+            let ks: Vec<i64> = (0..440)
+                .filter(|k| {
+                    let day = match k {
+                        0..100 | 400..420 => jan1(*k),
+                        100..250 => jan2(*k),
+                        250..400 => mixed(*k),
+                        _ => nulls(*k),
+                    };
+                    day == d
+                })
+                .collect();
+            (ks.len() as i64, ks.iter().sum::<i64>())
+        };
+        let expect: Vec<(String, i64, i64)> = [Some("2026-01-01"), Some("2026-01-02"), None]
+            .into_iter()
+            .map(|d| {
+                let (n, sum) = want(d);
+                (d.unwrap_or("null").to_string(), n, sum)
+            })
+            .collect();
+        assert_eq!(rows, expect);
     }
 
     /// Writers (`run`, the daemon, a backfill) racing to create one table: the losers
