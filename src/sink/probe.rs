@@ -63,6 +63,12 @@ pub enum ProbeError {
         #[source]
         source: tokio::task::JoinError,
     },
+    #[error("{what}: {source}")]
+    Task {
+        what: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 /// Ids held, with the work it took (for the log).
@@ -109,7 +115,7 @@ pub struct Incoming<'s, 'a> {
 /// megabytes, and each lookup of an id that is not in it (nearly all) costs a cache miss
 /// or two and often a string comparison. A clear bit settles such an id from a bitset of
 /// a few megabytes instead; a set bit (the value's own, or one of about 1 in 16 others)
-/// goes on to the set, so the answer stays exact.
+/// goes on to the sorted hashes, and an equal hash to the set, so the answer stays exact.
 #[derive(Debug)]
 struct HashBits {
     words: Vec<u64>,
@@ -242,16 +248,27 @@ async fn existing_prepared(
         .collect();
     found.files = files.len();
     let store = table.log_store().object_store(None);
-    let url = table.table_url().to_string();
+    let asked = Arc::new(Asked {
+        column: probe.column.to_string(),
+        exclude: probe.exclude.map(|(c, v)| (c.to_string(), v)),
+        lo: lo.to_string(),
+        hi: hi.to_string(),
+        hashes: hashes.clone(),
+        bits: bits.clone(),
+        url: table.table_url().to_string(),
+    });
+    // One task a file, so the files' Parquet decoding runs on every worker thread (the
+    // futures of one task are polled on one thread: a backlog's probe of a million ids
+    // read its row groups on one core). The tasks own what they need; they hand back
+    // the ids whose hash is an incoming one's, which the set then settles exactly.
     let per_file = files.into_iter().map(|(path, size)| {
-        let store = store.clone();
-        let url = url.clone();
-        let hashes = hashes.clone();
-        let held = Held {
-            ids: incoming,
-            bits: bits.clone(),
-        };
-        async move { probe_file(store, path, size, (lo, hi), hashes, probe, held, &url).await }
+        let (store, asked) = (store.clone(), asked.clone());
+        async move {
+            let what = asked.what(&path);
+            tokio::spawn(probe_file(store, path, size, asked))
+                .await
+                .map_err(|source| ProbeError::Task { what, source })?
+        }
     });
     let results: Vec<FileFound> = futures::stream::iter(per_file)
         .buffer_unordered(4)
@@ -260,10 +277,12 @@ async fn existing_prepared(
     for r in results {
         found.row_groups += r.row_groups;
         found.row_groups_read += r.read;
-        found.ids.extend(r.ids);
+        found
+            .ids
+            .extend(r.ids.into_iter().filter(|v| incoming.contains(v.as_str())));
     }
     crate::sink::timings::record(
-        format!("probe {}", crate::sink::timings::table_name(&url)),
+        format!("probe {}", crate::sink::timings::table_name(&asked.url)),
         started.elapsed(),
     );
     Ok(found)
@@ -292,15 +311,30 @@ fn worth_checking(incoming: usize, rows: usize) -> bool {
     incoming <= (rows + READ_FIXED_ROWS).saturating_mul(CHECKS_PER_ROW)
 }
 
-/// The incoming values as a file's probe compares them: the set, behind its bitset.
-struct Held<'s, 'a> {
-    ids: &'s Ids<'a>,
+/// What a file's probe asks, owned by its task: the column, the rows to ignore, the
+/// incoming values' range and hashes.
+struct Asked {
+    column: String,
+    exclude: Option<(String, i64)>,
+    lo: String,
+    hi: String,
+    /// The incoming values' filter hashes, sorted.
+    hashes: Arc<Vec<u64>>,
     bits: Arc<HashBits>,
+    url: String,
 }
 
-impl Held<'_, '_> {
-    fn contains(&self, v: &str) -> bool {
-        self.bits.maybe(bloom::hash(v.as_bytes())) && self.ids.contains(v)
+impl Asked {
+    fn what(&self, path: &ObjPath) -> String {
+        format!("probe of {}{path} by {}", self.url, self.column)
+    }
+
+    /// Whether `v`'s filter hash is one of the incoming values' (the bitset settles
+    /// nearly every value that is not; the sorted hashes the rest): every incoming value
+    /// passes, and another only when its 64-bit hash equals one of theirs.
+    fn may_hold(&self, v: &str) -> bool {
+        let h = bloom::hash(v.as_bytes());
+        self.bits.maybe(h) && self.hashes.binary_search(&h).is_ok()
     }
 }
 
@@ -310,18 +344,16 @@ struct FileFound {
     read: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The values of one file's `asked.column` whose hash is an incoming value's (see
+/// [`Asked::may_hold`]), outside the excluded rows.
 async fn probe_file(
     store: Arc<dyn ObjectStore>,
     path: ObjPath,
     size: u64,
-    (lo, hi): (&str, &str),
-    hashes: Arc<Vec<u64>>,
-    probe: &Probe<'_>,
-    incoming: Held<'_, '_>,
-    url: &str,
+    asked: Arc<Asked>,
 ) -> Result<FileFound> {
-    let what = || format!("probe of {url}{path} by {}", probe.column);
+    let what = || asked.what(&path);
+    let (lo, hi) = (asked.lo.as_str(), asked.hi.as_str());
     let reader = Reader {
         store: store.clone(),
         path: path.clone(),
@@ -340,9 +372,9 @@ async fn probe_file(
         what: what(),
         column: column.to_string(),
     };
-    let id_col = column(probe.column).ok_or_else(|| lacks(probe.column))?;
-    let exclude = match probe.exclude {
-        Some((name, value)) => Some((column(name).ok_or_else(|| lacks(name))?, name, value)),
+    let id_col = column(&asked.column).ok_or_else(|| lacks(&asked.column))?;
+    let exclude = match &asked.exclude {
+        Some((name, value)) => Some((column(name).ok_or_else(|| lacks(name))?, name, *value)),
         None => None,
     };
     // Row groups the id range leaves in, and where their filters lie; those whose filter
@@ -361,7 +393,7 @@ async fn probe_file(
             }
         }
         let rows = meta.row_group(rg).num_rows().max(0) as usize;
-        if !worth_checking(hashes.len(), rows) {
+        if !worth_checking(asked.hashes.len(), rows) {
             always.push(rg);
             continue;
         }
@@ -411,6 +443,7 @@ async fn probe_file(
     let mut read: Vec<usize> = if candidates.is_empty() {
         Vec::new()
     } else {
+        let hashes = asked.hashes.clone();
         tokio::task::spawn_blocking(move || {
             candidates
                 .into_iter()
@@ -459,8 +492,8 @@ async fn probe_file(
             source,
         })?;
         let ids = arrow::compute::cast(
-            b.column_by_name(probe.column)
-                .ok_or_else(|| batch_lacks(probe.column))?,
+            b.column_by_name(&asked.column)
+                .ok_or_else(|| batch_lacks(&asked.column))?,
             &arrow::datatypes::DataType::Utf8,
         )?;
         let ids = ids.as_string::<i32>();
@@ -479,7 +512,7 @@ async fn probe_file(
             .map(|(c, value)| (c.as_primitive::<Int64Type>(), *value));
         for i in 0..b.num_rows() {
             let excluded = skip.is_some_and(|(c, v)| c.is_valid(i) && c.value(i) == v);
-            if ids.is_valid(i) && !excluded && incoming.contains(ids.value(i)) {
+            if ids.is_valid(i) && !excluded && asked.may_hold(ids.value(i)) {
                 out.ids.push(ids.value(i).to_string());
             }
         }
