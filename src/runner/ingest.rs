@@ -728,8 +728,9 @@ impl Ingestor {
                 Bronze::Rows(rows) => {
                     // Encoded on every core, committed in one append with the txn (as
                     // the cluster's write tasks' files are).
-                    let props = delta::bronze_writer_properties(
+                    let props = delta::bronze_writer_properties_for(
                         schema.bronze.fields().iter().map(|f| f.name().as_str()),
+                        &rows,
                     );
                     let writers = std::thread::available_parallelism().map_or(2, |n| n.get());
                     let adds = delta::write_files(&bronze, rows, props, writers).await?;

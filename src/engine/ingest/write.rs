@@ -244,8 +244,9 @@ async fn write_partition(
         .await?;
         counts.written = kept.iter().map(|b| b.num_rows() as u64).sum();
         if task.write && counts.written > 0 {
-            let props = delta::bronze_writer_properties(
+            let props = delta::bronze_writer_properties_for(
                 schema.bronze.fields().iter().map(|f| f.name().as_str()),
+                &kept,
             );
             // One writer: the executor's other cores run the other write tasks.
             for add in delta::write_files(&bronze, kept, props, 1).await? {
