@@ -802,6 +802,11 @@ fn main() {
             }
             return;
         }
+        if args.first().is_some_and(|a| a == "throughput-run") {
+            let dir = args.get(1).expect("throughput-run DIR");
+            throughput::run_step(Path::new(dir), &schemas, &spec).await;
+            return;
+        }
         let only = |mode: &str| args.is_empty() || args.iter().any(|a| a == mode);
         if only("history") {
             history(tmp.path(), &schemas, &spec).await;

@@ -10,8 +10,9 @@
 //!
 //! Measured side by side in one run, in this order:
 //! 1. kestrel on a copy of the first half of the landing zone, then on all of it (each
-//!    with a fresh warehouse and its own peak RSS: full ÷ half ≈ 1 means memory is
-//!    bounded by the batch, not by the landing zone);
+//!    with a fresh warehouse, in a process of its own as a `kestrel run` is, with its
+//!    own peak RSS: full ÷ half ≈ 1 means memory is bounded by the batch, not by the
+//!    landing zone);
 //! 2. DuckDB (`$KESTREL_PYTHON`, the venv `.ci/run` installs with duckdb 1.5.5):
 //!    `read_json` with explicit columns, re-deliveries dropped (`DISTINCT`: they are
 //!    byte-identical lines, so this equals kestrel's dedup by `event_id`), the per (sku,
@@ -34,7 +35,7 @@ use kestrel::schema::SourceSchema;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{peak_rss_bytes, reset_peak_rss, Site, DAY0};
+use crate::{peak_rss_bytes, Site, DAY0};
 
 const FILES: usize = 200;
 const SKUS: usize = 1_000;
@@ -109,21 +110,46 @@ fn copy_half(files: &[PathBuf], from: &Path, to: &Path) {
     }
 }
 
-/// One kestrel step over `site`: (seconds, ingest s, job s, peak RSS bytes). It starts
-/// as a new `kestrel run` process would, with what the runs before it freed given back
-/// (the half landing zone's run left ~190 MiB of freed memory resident, which the full
-/// run's peak then counted).
-async fn kestrel_once(site: &Site) -> (f64, f64, f64, usize) {
-    kestrel::alloc::release();
-    reset_peak_rss();
+/// One kestrel step over `site` — ingestion, then the job — in a process of its own
+/// (this bench's binary, `throughput-run DIR`), as a `kestrel run` is: (seconds, ingest
+/// s, job s, peak RSS bytes). Run in this process after another site's step, a step
+/// started from ~50 MiB more resident (what the step before left in the allocator's
+/// heaps, given back or not) and peaked ~100 MiB higher on the same first batch, so the
+/// site run second — the full landing zone — was charged for the one before it.
+fn kestrel_once(site: &Site) -> (f64, f64, f64, usize) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--bench", "throughput-run"])
+        .arg(&site.dir)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kestrel step failed: {out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(RUN_RESULT))
+        .unwrap_or_else(|| panic!("no result from the kestrel step: {stdout}"));
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    (v[0], v[1], v[2], v[3] as usize)
+}
+
+/// How the child process of [`kestrel_once`] reports its step.
+const RUN_RESULT: &str = "kestrel step: ";
+
+/// The child of [`kestrel_once`]: one step over the site at `dir`, its result printed.
+pub async fn run_step(dir: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spec: &JobSpec) {
+    let site = Site::new(dir.to_path_buf(), schemas, &[spec]);
     let t = Instant::now();
     let (ingest_s, job_s) = site.step().await;
-    (
+    println!(
+        "{RUN_RESULT}{} {ingest_s} {} {}",
         t.elapsed().as_secs_f64(),
-        ingest_s,
         job_s[0],
-        peak_rss_bytes(),
-    )
+        peak_rss_bytes()
+    );
 }
 
 fn cores() -> usize {
@@ -278,8 +304,8 @@ pub async fn throughput(
         cores()
     );
 
-    let (h_s, _, _, h_rss) = kestrel_once(&half).await;
-    let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full).await;
+    let (h_s, _, _, h_rss) = kestrel_once(&half);
+    let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full);
     println!(
         "kestrel landing → bronze → gold/revenue_5m: {k_s:.2} s, {:.0} events/s (ingest {ingest_s:.2} s, job {job_s:.2} s), peak RSS {:.0} MiB",
         n as f64 / k_s,
