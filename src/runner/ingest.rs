@@ -984,10 +984,12 @@ fn dedup_in_memory(
     keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
 }
 
-/// The `incoming` event ids that bronze already holds in the touched event `dates` (rows
-/// of batch `n` itself excepted): see [`probe`].
+/// The event ids bronze already holds in the touched event `dates` (rows of batch `n`
+/// itself excepted) whose hash is one of `incoming`'s: every incoming id it holds, and
+/// rarely (a 64-bit hash collision) another, which the caller's exact comparison with
+/// its own ids leaves out. See [`probe`].
 async fn existing_ids(
-    incoming: &probe::Incoming<'_, '_>,
+    incoming: &probe::Incoming,
     dates: &BTreeSet<i32>,
     bronze: &deltalake::DeltaTable,
     n: i64,
@@ -1000,7 +1002,7 @@ async fn existing_ids(
         files = found.files,
         row_groups = found.row_groups,
         row_groups_read = found.row_groups_read,
-        duplicates = found.ids.len(),
+        held = found.ids.len(),
         ms = t.elapsed().as_millis() as u64,
         "dedup probe"
     );
@@ -1047,35 +1049,11 @@ pub(crate) async fn dedup_in_dates(
     }
     // First occurrence within the batch; the distinct ids are then what the probe asks
     // bronze about (one hash set of the batch's ids, not two).
-    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let mut seen: HashSet<&str, foldhash::fast::RandomState> =
-        HashSet::with_capacity_and_hasher(total, Default::default());
-    // What the probe needs of each distinct id (its filter hash, the ids' range) is taken
-    // in the same pass, while the id's bytes are at hand: walking the finished set instead
-    // visits the ids in the set's order, a cache miss each (≈ 0.2 s per million ids).
     let probing = bronze.version().unwrap_or(0) > 0;
-    let mut hashes: Vec<u64> = Vec::with_capacity(if probing { total } else { 0 });
-    let mut range: Option<(&str, &str)> = None;
-    let mut masks = Vec::with_capacity(batches.len());
-    for b in &batches {
-        let id = b.column(id_idx).as_string::<i32>();
-        let mask: BooleanArray = id
-            .iter()
-            .map(|v| {
-                Some(v.is_some_and(|s| {
-                    let first = seen.insert(s);
-                    if first && probing {
-                        hashes.push(bloom::hash(s.as_bytes()));
-                        range = Some(probe::widen(range, s));
-                    }
-                    first
-                }))
-            })
-            .collect();
-        masks.push(mask);
-    }
+    let (mut masks, hashes, range) = first_seen(&batches, id_idx, probing);
     if let (true, Some((lo, hi))) = (probing, range) {
-        let incoming = probe::Incoming::with(&seen, hashes, lo, hi);
+        let incoming = probe::Incoming::with(hashes, lo, hi);
+        // Ids bronze holds whose hash is an incoming one's; compared exactly below.
         let existing = existing_ids(&incoming, dates, bronze, n).await?;
         if !existing.is_empty() {
             for (b, m) in batches.iter().zip(masks.iter_mut()) {
@@ -1091,6 +1069,88 @@ pub(crate) async fn dedup_in_dates(
         }
     }
     keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
+}
+
+/// A batch's ids from which [`first_seen`] splits its work over threads; below it, one.
+const FIRST_SEEN_PARALLEL_ROWS: usize = 100_000;
+
+/// The first occurrence of each event id (column `id_idx`) in `batches`, in plan order:
+/// a mask per batch; when `probing`, also each distinct id's filter hash
+/// ([`bloom::hash`]) and the ids' least and greatest, taken in the same pass while the
+/// id's bytes are at hand (walking the finished set instead visits the ids in the set's
+/// order, a cache miss each: ≈ 0.2 s per million ids). A large batch's ids are split by
+/// that hash over one thread per core, each with its own set and in plan order, so an
+/// id's first occurrence is its thread's: a set of a million ids is a cache miss an
+/// insert, ≈ 150 ns, and this pass took 130–250 ms of a 1.4M-id batch on one core.
+fn first_seen(
+    batches: &[RecordBatch],
+    id_idx: usize,
+    probing: bool,
+) -> (Vec<BooleanArray>, Vec<u64>, Option<(&str, &str)>) {
+    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let parts = if total < FIRST_SEEN_PARALLEL_ROWS {
+        1
+    } else {
+        // Each thread reads every id (and hashes it) to find its own: a few suffice.
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+    };
+    // The ids whose hash falls in part `p` of `parts`.
+    let part = |p: usize| {
+        let mut seen: HashSet<&str, foldhash::fast::RandomState> =
+            HashSet::with_capacity_and_hasher(total / parts + 1, Default::default());
+        let mut hashes: Vec<u64> = Vec::with_capacity(if probing { total / parts + 1 } else { 0 });
+        let mut range: Option<(&str, &str)> = None;
+        let mut masks = Vec::with_capacity(batches.len());
+        for b in batches {
+            let id = b.column(id_idx).as_string::<i32>();
+            let mut mask = arrow::array::BooleanBufferBuilder::new(id.len());
+            for i in 0..id.len() {
+                let first = id.is_valid(i) && {
+                    let s = id.value(i);
+                    let h = bloom::hash(s.as_bytes());
+                    ((h >> 32) as usize % parts == p) && seen.insert(s) && {
+                        if probing {
+                            hashes.push(h);
+                            range = Some(probe::widen(range, s));
+                        }
+                        true
+                    }
+                };
+                mask.append(first);
+            }
+            masks.push(mask.finish());
+        }
+        (masks, hashes, range)
+    };
+    let mut results = if parts == 1 {
+        vec![part(0)]
+    } else {
+        std::thread::scope(|scope| {
+            let others: Vec<_> = (1..parts).map(|p| scope.spawn(move || part(p))).collect();
+            let mut results = vec![part(0)];
+            // A part's thread cannot fail but by a bug; its panic is re-raised here.
+            results.extend(others.into_iter().map(|t| match t.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }));
+            results
+        })
+    };
+    let (mut masks, mut hashes, mut range) = results.remove(0);
+    for (m, h, r) in results {
+        for (into, other) in masks.iter_mut().zip(m) {
+            *into = &*into | &other;
+        }
+        hashes.extend(h);
+        if let Some((lo, hi)) = r {
+            range = Some(probe::widen(Some(probe::widen(range, lo)), hi));
+        }
+    }
+    let masks = masks
+        .into_iter()
+        .map(|m| BooleanArray::new(m, None))
+        .collect();
+    (masks, hashes, range)
 }
 
 /// `batches` with only the rows their `masks` keep, each cut by its `event_date` (column
@@ -1143,6 +1203,72 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
+
+    /// The first occurrence of each id wins, whether the ids are split over threads (a
+    /// large batch) or not, with the same hashes and range either way.
+    #[test]
+    fn first_occurrences_are_the_same_on_one_thread_and_on_several() {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, true)]));
+        // 6 batches of 30k ids: every fifth id repeats one of an earlier batch or row,
+        // and a few are null.
+        let batches: Vec<RecordBatch> = (0..6)
+            .map(|b| {
+                let ids: Vec<Option<String>> = (0..30_000)
+                    .map(|i| match i % 5 {
+                        0 => Some(format!("id-{}", (b * 30_000 + i) / 7)),
+                        _ if i % 997 == 0 => None,
+                        _ => Some(format!("id-{b}-{i}")),
+                    })
+                    .collect();
+                RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(ids))])
+                    .unwrap()
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        let mut expect_hashes = Vec::new();
+        let expect: Vec<Vec<bool>> = batches
+            .iter()
+            .map(|b| {
+                let id = b.column(0).as_string::<i32>();
+                id.iter()
+                    .map(|v| {
+                        v.is_some_and(|s| {
+                            let first = seen.insert(s.to_string());
+                            if first {
+                                expect_hashes.push(bloom::hash(s.as_bytes()));
+                            }
+                            first
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        expect_hashes.sort_unstable();
+        let (lo, hi) = (
+            seen.iter().min().unwrap().clone(),
+            seen.iter().max().unwrap().clone(),
+        );
+        assert!(batches.iter().map(|b| b.num_rows()).sum::<usize>() >= FIRST_SEEN_PARALLEL_ROWS);
+        // All six batches (split over threads), and the first alone (one thread).
+        for n in [6, 1] {
+            let (masks, mut hashes, range) = first_seen(&batches[..n], 0, true);
+            let got: Vec<Vec<bool>> = masks
+                .iter()
+                .map(|m| m.iter().map(|v| v == Some(true)).collect())
+                .collect();
+            assert_eq!(got, expect[..n], "{n} batches");
+            if n == 6 {
+                hashes.sort_unstable();
+                assert_eq!(hashes, expect_hashes);
+                assert_eq!(range, Some((lo.as_str(), hi.as_str())));
+            }
+        }
+        let (_, hashes, range) = first_seen(&batches, 0, false);
+        assert!(
+            hashes.is_empty() && range.is_none(),
+            "not probing: nothing gathered"
+        );
+    }
 
     /// The rows kept are the rows the masks keep, in order within each batch and event
     /// date, a batch of several dates cut into one batch a date (in date order), with

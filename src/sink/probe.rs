@@ -71,7 +71,8 @@ pub enum ProbeError {
     },
 }
 
-/// Ids held, with the work it took (for the log).
+/// Ids held (for [`existing`], exactly the values asked about that the table holds; for
+/// [`existing_ids`], see there), with the work it took (for the log).
 #[derive(Debug, Default)]
 pub struct Found {
     pub ids: HashSet<String, foldhash::fast::RandomState>,
@@ -94,19 +95,21 @@ pub struct Probe<'a> {
     pub exclude: Option<(&'a str, i64)>,
 }
 
-/// The values a probe asks about, prepared once: the set itself, each value's filter
-/// hash and the range of the values.
-pub struct Incoming<'s, 'a> {
-    ids: &'s Ids<'a>,
+/// The values a probe asks about, prepared once: each value's filter hash and the range
+/// of the values. A probe finds the table's values whose hash is one of these hashes —
+/// the asked values it holds, and (by a 64-bit hash collision, about once in 10⁷
+/// batches of a million against a day of ten million) a value that merely shares one;
+/// the caller settles candidates against its own values.
+pub struct Incoming {
     /// [`bloom::hash`] of each value, in hash order, which is block order in every filter
     /// (a block is picked by the hash's upper bits), so a check of all values walks each
     /// filter front to back instead of jumping around it.
     hashes: Arc<Vec<u64>>,
     /// A bit per slice of the hash space, set for the slices the values' hashes fall in:
-    /// a held value whose bit is clear is none of them, told without the set.
+    /// a held value whose bit is clear is none of them, told without the hashes.
     bits: Arc<HashBits>,
-    lo: &'a str,
-    hi: &'a str,
+    lo: String,
+    hi: String,
 }
 
 /// Which slices of the 64-bit hash space a set of hashes falls in, one bit a slice, with
@@ -147,42 +150,40 @@ impl HashBits {
     }
 }
 
-impl<'s, 'a> Incoming<'s, 'a> {
+impl Incoming {
     /// Prepared from the set alone (`None` when it is empty). Walking a large set touches
     /// its values in memory order of the set, not of their buffers: the caller that
     /// builds the set from Arrow arrays should use [`Incoming::with`] instead.
-    pub fn of(ids: &'s Ids<'a>) -> Option<Self> {
+    pub fn of(ids: &Ids<'_>) -> Option<Self> {
         let mut hashes = Vec::with_capacity(ids.len());
-        let mut range: Option<(&'a str, &'a str)> = None;
+        let mut range: Option<(&str, &str)> = None;
         for id in ids.iter() {
             hashes.push(bloom::hash(id.as_bytes()));
             range = Some(widen(range, id));
         }
         let (lo, hi) = range?;
-        Some(Self::with(ids, hashes, lo, hi))
+        Some(Self::with(hashes, lo, hi))
     }
 
     /// How many values.
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.hashes.len()
     }
 
     /// No values (never, as built).
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.hashes.is_empty()
     }
 
-    /// Prepared by the caller while it built `ids`: `hashes` holds [`bloom::hash`] of
-    /// every value of `ids` (any order), `lo` and `hi` their least and greatest.
-    pub fn with(ids: &'s Ids<'a>, mut hashes: Vec<u64>, lo: &'a str, hi: &'a str) -> Self {
-        debug_assert_eq!(hashes.len(), ids.len());
+    /// Prepared by the caller while it gathered the values: `hashes` holds [`bloom::hash`]
+    /// of every distinct value (any order), `lo` and `hi` their least and greatest.
+    pub fn with(mut hashes: Vec<u64>, lo: &str, hi: &str) -> Self {
         hashes.sort_unstable();
         Incoming {
-            ids,
             bits: Arc::new(HashBits::of(&hashes)),
             hashes: Arc::new(hashes),
-            lo,
-            hi,
+            lo: lo.to_string(),
+            hi: hi.to_string(),
         }
     }
 }
@@ -195,13 +196,15 @@ pub fn widen<'a>(range: Option<(&'a str, &'a str)>, v: &'a str) -> (&'a str, &'a
     }
 }
 
-/// The ids of `incoming` that bronze (`table`) holds in partitions `event_date` ∈
-/// `dates` (`YYYY-MM-DD`), ignoring rows of ingestion batch `exclude_batch`.
+/// The ids bronze (`table`) holds in partitions `event_date` ∈ `dates` (`YYYY-MM-DD`),
+/// outside the rows of ingestion batch `exclude_batch`, whose hash is one of
+/// `incoming`'s: every incoming id bronze holds, and possibly (by a hash collision) an
+/// id that was not asked about, which the caller's exact comparison leaves out.
 pub async fn existing_ids(
     table: &DeltaTable,
     dates: &[String],
     exclude_batch: i64,
-    incoming: &Incoming<'_, '_>,
+    incoming: &Incoming,
 ) -> Result<Found> {
     let probe = Probe {
         column: "event_id",
@@ -214,24 +217,25 @@ pub async fn existing_ids(
 /// The values of `incoming` that `table` holds in `probe.column`, in the partitions and
 /// outside the rows `probe` names.
 pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>) -> Result<Found> {
-    match Incoming::of(incoming) {
-        Some(prepared) => existing_prepared(table, probe, &prepared).await,
-        None => Ok(Found::default()),
-    }
+    let Some(prepared) = Incoming::of(incoming) else {
+        return Ok(Found::default());
+    };
+    let mut found = existing_prepared(table, probe, &prepared).await?;
+    found.ids.retain(|v| incoming.contains(v.as_str()));
+    Ok(found)
 }
 
-/// [`existing`] with the values prepared by the caller.
+/// The values of `probe.column` whose hash is one of `incoming`'s (see [`Incoming`]).
 async fn existing_prepared(
     table: &DeltaTable,
     probe: &Probe<'_>,
-    incoming: &Incoming<'_, '_>,
+    incoming: &Incoming,
 ) -> Result<Found> {
     let mut found = Found::default();
     let started = std::time::Instant::now();
-    let (lo, hi) = (incoming.lo, incoming.hi);
+    let (lo, hi) = (incoming.lo.as_str(), incoming.hi.as_str());
     let hashes = &incoming.hashes;
     let bits = &incoming.bits;
-    let incoming = incoming.ids;
     let snap = table
         .snapshot()
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
@@ -260,7 +264,7 @@ async fn existing_prepared(
     // One task a file, so the files' Parquet decoding runs on every worker thread (the
     // futures of one task are polled on one thread: a backlog's probe of a million ids
     // read its row groups on one core). The tasks own what they need; they hand back
-    // the ids whose hash is an incoming one's, which the set then settles exactly.
+    // the ids whose hash is an incoming one's.
     let per_file = files.into_iter().map(|(path, size)| {
         let (store, asked) = (store.clone(), asked.clone());
         async move {
@@ -277,9 +281,7 @@ async fn existing_prepared(
     for r in results {
         found.row_groups += r.row_groups;
         found.row_groups_read += r.read;
-        found
-            .ids
-            .extend(r.ids.into_iter().filter(|v| incoming.contains(v.as_str())));
+        found.ids.extend(r.ids);
     }
     crate::sink::timings::record(
         format!("probe {}", crate::sink::timings::table_name(&asked.url)),
@@ -583,10 +585,10 @@ mod tests {
             }
         }
         let (lo, hi) = range.unwrap();
-        let by_caller = Incoming::with(&ids, hashes, lo, hi);
+        let by_caller = Incoming::with(hashes, lo, hi);
         let by_set = Incoming::of(&ids).unwrap();
-        assert_eq!((by_caller.lo, by_caller.hi), ("a0", "zz"));
-        assert_eq!((by_set.lo, by_set.hi), ("a0", "zz"));
+        assert_eq!((by_caller.lo.as_str(), by_caller.hi.as_str()), ("a0", "zz"));
+        assert_eq!((by_set.lo.as_str(), by_set.hi.as_str()), ("a0", "zz"));
         assert_eq!(by_caller.hashes, by_set.hashes);
         assert!(by_caller.hashes.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(by_caller.len(), 5);
