@@ -1081,7 +1081,9 @@ const FIRST_SEEN_PARALLEL_ROWS: usize = 100_000;
 /// order, a cache miss each: ≈ 0.2 s per million ids). A large batch's ids are split by
 /// that hash over one thread per core, each with its own set and in plan order, so an
 /// id's first occurrence is its thread's: a set of a million ids is a cache miss an
-/// insert, ≈ 150 ns, and this pass took 130–250 ms of a 1.4M-id batch on one core.
+/// insert, ≈ 150 ns, and this pass took 130–250 ms of a 1.4M-id batch on one core. The
+/// calling thread takes the first share (it did the whole pass before), the others are
+/// scoped threads joined before this returns.
 fn first_seen(
     batches: &[RecordBatch],
     id_idx: usize,

@@ -771,7 +771,8 @@ pub async fn write_files(
 /// The partition values of `batch` when all its rows share them (and none is null), for a
 /// write that skips delta-rs's split of the batch by partition: that split copies every
 /// row (`take`) even when the batch holds one partition, as a bronze batch cut by event
-/// date ([`crate::runner::ingest`]) or a gold batch cut by window date does. `None` for an
+/// date does ([`crate::runner::ingest`]), and a gold batch whose windows fall on one
+/// date. `None` for an
 /// unpartitioned table (delta-rs writes those without a split) and for a batch of
 /// several partitions.
 pub fn one_partition(

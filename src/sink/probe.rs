@@ -97,9 +97,9 @@ pub struct Probe<'a> {
 
 /// The values a probe asks about, prepared once: each value's filter hash and the range
 /// of the values. A probe finds the table's values whose hash is one of these hashes —
-/// the asked values it holds, and (by a 64-bit hash collision, about once in 10⁷
-/// batches of a million against a day of ten million) a value that merely shares one;
-/// the caller settles candidates against its own values.
+/// the asked values it holds, and (by a 64-bit hash collision: a million ids against a
+/// day of ten million meet one about once in a million batches) a value that merely
+/// shares one; the caller settles candidates against its own values.
 pub struct Incoming {
     /// [`bloom::hash`] of each value, in hash order, which is block order in every filter
     /// (a block is picked by the hash's upper bits), so a check of all values walks each
@@ -118,7 +118,7 @@ pub struct Incoming {
 /// megabytes, and each lookup of an id that is not in it (nearly all) costs a cache miss
 /// or two and often a string comparison. A clear bit settles such an id from a bitset of
 /// a few megabytes instead; a set bit (the value's own, or one of about 1 in 16 others)
-/// goes on to the sorted hashes, and an equal hash to the set, so the answer stays exact.
+/// goes on to the sorted hashes, and an equal hash to the caller's exact comparison.
 #[derive(Debug)]
 struct HashBits {
     words: Vec<u64>,
