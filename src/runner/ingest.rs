@@ -1048,7 +1048,7 @@ pub(crate) async fn dedup_in_dates(
         return Ok(Vec::new());
     }
     // First occurrence within the batch; the distinct ids are then what the probe asks
-    // bronze about (one hash set of the batch's ids, not two).
+    // bronze about (one pass over the batch's ids, not two).
     let probing = bronze.version().unwrap_or(0) > 0;
     let (mut masks, hashes, range) = first_seen(&batches, id_idx, probing);
     if let (true, Some((lo, hi))) = (probing, range) {

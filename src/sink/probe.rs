@@ -99,7 +99,9 @@ pub struct Probe<'a> {
 /// of the values. A probe finds the table's values whose hash is one of these hashes —
 /// the asked values it holds, and (by a 64-bit hash collision: a million ids against a
 /// day of ten million meet one about once in a million batches) a value that merely
-/// shares one; the caller settles candidates against its own values.
+/// shares one; the caller settles candidates against its own values. Cloned into each
+/// file's probe task (its parts are shared).
+#[derive(Clone)]
 pub struct Incoming {
     /// [`bloom::hash`] of each value, in hash order, which is block order in every filter
     /// (a block is picked by the hash's upper bits), so a check of all values walks each
@@ -295,9 +297,6 @@ async fn existing_prepared(
 ) -> Result<Found> {
     let mut found = Found::default();
     let started = std::time::Instant::now();
-    let (lo, hi) = (incoming.lo.as_str(), incoming.hi.as_str());
-    let hashes = &incoming.hashes;
-    let bits = &incoming.bits;
     let snap = table
         .snapshot()
         .map_err(|e| Error::delta(table.table_url().as_str(), e))?;
@@ -317,11 +316,7 @@ async fn existing_prepared(
     let asked = Arc::new(Asked {
         column: probe.column.to_string(),
         exclude: probe.exclude.map(|(c, v)| (c.to_string(), v)),
-        lo: lo.to_string(),
-        hi: hi.to_string(),
-        hashes: hashes.clone(),
-        bits: bits.clone(),
-        index: incoming.index.clone(),
+        incoming: incoming.clone(),
         url: table.table_url().to_string(),
     });
     // One task a file, so the files' Parquet decoding runs on every worker thread (the
@@ -377,16 +372,11 @@ fn worth_checking(incoming: usize, rows: usize) -> bool {
 }
 
 /// What a file's probe asks, owned by its task: the column, the rows to ignore, the
-/// incoming values' range and hashes.
+/// incoming values.
 struct Asked {
     column: String,
     exclude: Option<(String, i64)>,
-    lo: String,
-    hi: String,
-    /// The incoming values' filter hashes, sorted.
-    hashes: Arc<Vec<u64>>,
-    bits: Arc<HashBits>,
-    index: Arc<HashIndex>,
+    incoming: Incoming,
     url: String,
 }
 
@@ -400,7 +390,8 @@ impl Asked {
     /// incoming value passes, and another only when its 64-bit hash equals one of theirs.
     fn may_hold(&self, v: &str) -> bool {
         let h = bloom::hash(v.as_bytes());
-        self.bits.maybe(h) && self.index.contains(&self.hashes, h)
+        let incoming = &self.incoming;
+        incoming.bits.maybe(h) && incoming.index.contains(&incoming.hashes, h)
     }
 }
 
@@ -419,7 +410,7 @@ async fn probe_file(
     asked: Arc<Asked>,
 ) -> Result<FileFound> {
     let what = || asked.what(&path);
-    let (lo, hi) = (asked.lo.as_str(), asked.hi.as_str());
+    let (lo, hi) = (asked.incoming.lo.as_str(), asked.incoming.hi.as_str());
     let reader = Reader {
         store: store.clone(),
         path: path.clone(),
@@ -459,7 +450,7 @@ async fn probe_file(
             }
         }
         let rows = meta.row_group(rg).num_rows().max(0) as usize;
-        if !worth_checking(asked.hashes.len(), rows) {
+        if !worth_checking(asked.incoming.len(), rows) {
             always.push(rg);
             continue;
         }
@@ -509,7 +500,7 @@ async fn probe_file(
     let mut read: Vec<usize> = if candidates.is_empty() {
         Vec::new()
     } else {
-        let hashes = asked.hashes.clone();
+        let hashes = asked.incoming.hashes.clone();
         tokio::task::spawn_blocking(move || {
             candidates
                 .into_iter()
