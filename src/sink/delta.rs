@@ -1193,6 +1193,7 @@ mod tests {
     use crate::sink::merge::{merge, MergeSpec};
     use arrow::array::{Array, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
+    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     /// Bronze files keep no dictionary for the columns of nearly unique values (ids, event
@@ -1536,6 +1537,23 @@ mod tests {
         assert!(split_rows(Vec::new(), 4).is_empty());
     }
 
+    /// Keys `ks` with the day `day` gives each (a nullable `d` string column).
+    fn keyed_days(
+        schema: &SchemaRef,
+        ks: std::ops::Range<i64>,
+        day: impl Fn(i64) -> Option<&'static str>,
+    ) -> RecordBatch {
+        let ds: Vec<Option<&str>> = ks.clone().map(day).collect();
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(ks.collect::<Vec<_>>())),
+                Arc::new(arrow::array::StringArray::from(ds)),
+            ],
+        )
+        .unwrap()
+    }
+
     /// Two writers encode a batch of two partitions into four files, committed as one
     /// append carrying the txn: every row once; a small batch gets one writer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1555,18 +1573,7 @@ mod tests {
             }
         };
         let batches: Vec<RecordBatch> = (0..4)
-            .map(|q| {
-                let ks: Vec<i64> = (q * n / 4..(q + 1) * n / 4).collect();
-                let ds: Vec<&str> = ks.iter().map(|k| day(*k)).collect();
-                RecordBatch::try_new(
-                    schema.clone(),
-                    vec![
-                        Arc::new(Int64Array::from(ks)),
-                        Arc::new(arrow::array::StringArray::from(ds)),
-                    ],
-                )
-                .unwrap()
-            })
+            .map(|q| keyed_days(&schema, q * n / 4..(q + 1) * n / 4, |k| Some(day(k))))
             .collect();
         let table = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
         let props = WriterProperties::builder().build();
@@ -1588,14 +1595,7 @@ mod tests {
         };
         assert_eq!((col(0), col(1), col(2)), (n, n, n * (n - 1) / 2));
         assert_eq!(col(3), (0..n).filter(|k| k % 3 == 0).count() as i64);
-        let small = vec![RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(Int64Array::from(vec![1, 2])),
-                Arc::new(arrow::array::StringArray::from(vec!["2026-01-01"; 2])),
-            ],
-        )
-        .unwrap()];
+        let small = vec![keyed_days(&schema, 1..3, |_| Some("2026-01-01"))];
         assert_eq!(write_files(&table, small, props, 8).await.unwrap().len(), 1);
     }
 
@@ -1610,16 +1610,7 @@ mod tests {
             Field::new("d", DataType::Utf8, true),
         ]));
         let batch = |ks: std::ops::Range<i64>, day: &dyn Fn(i64) -> Option<&'static str>| {
-            let ks: Vec<i64> = ks.collect();
-            let ds: Vec<Option<&str>> = ks.iter().map(|k| day(*k)).collect();
-            RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(Int64Array::from(ks)),
-                    Arc::new(arrow::array::StringArray::from(ds)),
-                ],
-            )
-            .unwrap()
+            keyed_days(&schema, ks, day)
         };
         let jan1 = |_| Some("2026-01-01");
         let jan2 = |_| Some("2026-01-02");
@@ -1656,6 +1647,22 @@ mod tests {
             batch(400..420, &jan1),
             batch(420..440, &nulls),
         ];
+        // Per day (null as "null"): rows and sum of keys, as the batches hold them.
+        let mut expect: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for b in &batches {
+            let ks = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let ds = b
+                .column(1)
+                .as_any()
+                .downcast_ref::<arrow::array::StringArray>()
+                .unwrap();
+            for i in 0..b.num_rows() {
+                let d = if ds.is_valid(i) { ds.value(i) } else { "null" };
+                let e = expect.entry(d.to_string()).or_default();
+                *e = (e.0 + 1, e.1 + ks.value(i));
+            }
+        }
+        assert_eq!(expect.len(), 3, "two days and null");
         let adds = write_files(&table, batches, WriterProperties::builder().build(), 2)
             .await
             .unwrap();
@@ -1663,50 +1670,27 @@ mod tests {
         let ctx = session_with(&table, "t").await.unwrap();
         let got = sql(
             &ctx,
-            "SELECT coalesce(d, 'null') AS d, count(*), sum(k) FROM t GROUP BY 1 ORDER BY 1",
+            "SELECT coalesce(d, 'null') AS d, count(*), sum(k) FROM t GROUP BY 1",
         )
         .await
         .unwrap();
-        let got = arrow::compute::concat_batches(&got[0].schema(), &got).unwrap();
-        let rows: Vec<(String, i64, i64)> = (0..got.num_rows())
-            .map(|i| {
-                let s = arrow::compute::cast(got.column(0), &DataType::Utf8).unwrap();
-                let int = |c: usize| {
-                    arrow::compute::cast(got.column(c), &DataType::Int64)
-                        .unwrap()
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .unwrap()
-                        .value(i)
-                };
-                let s = s
-                    .as_any()
-                    .downcast_ref::<arrow::array::StringArray>()
-                    .unwrap();
-                (s.value(i).to_string(), int(1), int(2))
-            })
-            .collect();
-        let want = |d: Option<&str>| {
-            let ks: Vec<i64> = (0..440)
-                .filter(|k| {
-                    let day = match k {
-                        0..100 | 400..420 => jan1(*k),
-                        100..250 => jan2(*k),
-                        250..400 => mixed(*k),
-                        _ => nulls(*k),
-                    };
-                    day == d
-                })
-                .collect();
-            (ks.len() as i64, ks.iter().sum::<i64>())
-        };
-        let expect: Vec<(String, i64, i64)> = [Some("2026-01-01"), Some("2026-01-02"), None]
-            .into_iter()
-            .map(|d| {
-                let (n, sum) = want(d);
-                (d.unwrap_or("null").to_string(), n, sum)
-            })
-            .collect();
+        let mut rows: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+        for b in &got {
+            let d = arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+            let d = d
+                .as_any()
+                .downcast_ref::<arrow::array::StringArray>()
+                .unwrap();
+            let int = |c: usize| arrow::compute::cast(b.column(c), &DataType::Int64).unwrap();
+            let (n, sum) = (int(1), int(2));
+            let (n, sum) = (
+                n.as_any().downcast_ref::<Int64Array>().unwrap(),
+                sum.as_any().downcast_ref::<Int64Array>().unwrap(),
+            );
+            for i in 0..b.num_rows() {
+                rows.insert(d.value(i).to_string(), (n.value(i), sum.value(i)));
+            }
+        }
         assert_eq!(rows, expect);
     }
 
