@@ -7,7 +7,9 @@
 //! the touched event dates, skips row groups whose `event_id` range misses every
 //! incoming id (time-ordered ids: ULIDs, snowflakes, counters), asks each remaining row
 //! group's bloom filter about every incoming id, and reads `event_id` and `_batch_id` of
-//! the row groups that said "maybe" — comparing exactly. With random UUIDs the cost is
+//! the row groups that said "maybe", keeping the ids whose 64-bit hash is an incoming
+//! one's; [`existing`] then compares them exactly (the ingestion's dedup does so in its
+//! own pass over the batch, [`existing_ids`]). With random UUIDs the cost is
 //! one filter check per incoming id and row group plus the filters' bytes, instead of
 //! every id of the touched dates; row groups without a filter (files written before
 //! filters existed) are read whole, as before, until compaction rewrites them, and so are
