@@ -31,9 +31,10 @@
 //! reads the same small files again and again — the payments jobs look up the touched
 //! orders in every file of their 7-day horizon five times a run per source, the dedup
 //! probe and the jobs read the open day's appends. A five-minute run of small drops
-//! opened data files ≈ 470 times (`strace`, `--bench jobs -- age small 24`), and the
-//! horizon's files added more each day of the first week. Large files (a day's
-//! compacted bronze at Kestrel's scale) are read range by range, as before.
+//! opened data files ≈ 470 times (`strace`, `--bench jobs -- age small 24`). Larger
+//! files are read range by range, as before: a day's compacted bronze at Kestrel's
+//! scale, and also, with small drops, a closed day of orders or payments (≈ 400 KB), so
+//! the horizon's closed days are still read by range (README, "Cost over time").
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
