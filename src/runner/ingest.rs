@@ -1109,7 +1109,12 @@ fn first_seen(
             for i in 0..id.len() {
                 let first = id.is_valid(i) && {
                     let s = id.value(i);
-                    let h = bloom::hash(s.as_bytes());
+                    // The hash picks the id's part and is what the probe asks about;
+                    // one thread that does not probe needs neither.
+                    let h = match parts > 1 || probing {
+                        true => bloom::hash(s.as_bytes()),
+                        false => 0,
+                    };
                     ((h >> 32) as usize % parts == p) && seen.insert(s) && {
                         if probing {
                             hashes.push(h);
@@ -1270,6 +1275,14 @@ mod tests {
             hashes.is_empty() && range.is_none(),
             "not probing: nothing gathered"
         );
+        // One thread, not probing (no hash taken): the same first occurrences.
+        let (masks, hashes, _) = first_seen(&batches[..1], 0, false);
+        let got: Vec<Vec<bool>> = masks
+            .iter()
+            .map(|m| m.iter().map(|v| v == Some(true)).collect())
+            .collect();
+        assert_eq!(got, expect[..1]);
+        assert!(hashes.is_empty());
     }
 
     /// The rows kept are the rows the masks keep, in order within each batch and event
