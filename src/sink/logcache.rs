@@ -28,8 +28,8 @@
 //! Data files up to [`DATA_LARGEST`] are kept the same way, apart ([`DATA_BUDGET`]): a
 //! scan reads a Parquet file as several ranges (footer, page index, bloom filters,
 //! column chunks), each an open, a read and a close on a blocking thread, and a run
-//! reads the same small files again and again — the payments jobs look up the touched
-//! orders in every file of their 7-day horizon five times a run per source, the dedup
+//! reads the same small files again and again — the two payments jobs read each of
+//! their sources five times a run (twice keyed over the 7-day horizon), the dedup
 //! probe and the jobs read the open day's appends. A five-minute run of small drops
 //! opened data files ≈ 470 times (`strace`, `--bench jobs -- age small 24`). Larger
 //! files are read range by range, as before: a day's compacted bronze at Kestrel's
