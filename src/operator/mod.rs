@@ -25,6 +25,7 @@
 //! implementing [`Operator`] with its `[params]` parser, and one line in [`REGISTRY`].
 
 pub mod budget;
+pub mod fresh;
 pub mod metrics;
 pub mod mirror;
 pub mod payments;
@@ -178,6 +179,9 @@ pub struct Context<'a> {
     pub pending: Option<&'a pending::Pending>,
     /// The process's recompute budget (none: unbounded), see [`budget`].
     pub budget: Option<&'a budget::RowBudget>,
+    /// New rows this process's ingestion just committed (none: read bronze), see
+    /// [`fresh`].
+    pub fresh: Option<&'a fresh::FreshRows>,
 }
 
 impl<'a> Context<'a> {
@@ -192,7 +196,23 @@ impl<'a> Context<'a> {
             clock,
             pending: None,
             budget: None,
+            fresh: None,
         }
+    }
+
+    /// The same, taking new rows `fresh` holds from it instead of bronze.
+    pub fn with_fresh(mut self, fresh: Option<&'a fresh::FreshRows>) -> Self {
+        self.fresh = fresh;
+        self
+    }
+
+    /// `source`'s new rows of `input` when this process holds them (see [`fresh`]).
+    pub fn fresh_rows(
+        &self,
+        source: &str,
+        input: &crate::job::plan::Input,
+    ) -> Option<Vec<RecordBatch>> {
+        self.fresh.and_then(|f| f.take(source, input))
     }
 
     /// The same, recomputing within `budget`.

@@ -294,9 +294,12 @@ pub struct NewRows {
 /// split them against `cutoff` (W at batch start − lookback), read the too-late ones
 /// whole, and record the batch in `state`: watermark observed (not advanced), position
 /// moved, cut-off kept while later reads can reach `reach` below it. A source with no
-/// new ingestion batch, or no bronze table (`ctx` None), has no rows.
+/// new ingestion batch, or no bronze table (`ctx` None), has no rows. `fresh`: the
+/// input's bronze rows as this process's ingestion committed them
+/// ([`super::Context::fresh_rows`]), taken instead of reading them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn take_new_rows(
+    fresh: Option<Vec<RecordBatch>>,
     ctx: Option<&SessionContext>,
     table: &str,
     source: &str,
@@ -316,9 +319,21 @@ pub(crate) async fn take_new_rows(
     if input.upto_batch <= input.after_batch {
         return Ok(empty());
     }
-    let rows = match ctx {
-        None => empty(),
-        Some(ctx) => {
+    let rows = match (fresh, ctx) {
+        (Some(held), _) => {
+            let t = std::time::Instant::now();
+            let rows = held_rows(&held, target, bronze, cutoff)?;
+            crate::sink::timings::record("read new rows in memory".into(), t.elapsed());
+            tracing::debug!(
+                source,
+                batch = input.upto_batch,
+                rows = rows.new.num_rows(),
+                "new rows taken in memory from this process's ingestion"
+            );
+            rows
+        }
+        (None, None) => empty(),
+        (None, Some(ctx)) => {
             let between = batches_between(input.after_batch, input.upto_batch);
             let new = read(ctx, table, between.clone(), target).await?;
             let (applied, too_late) = agg::split_late(&new, cutoff)?;
@@ -329,18 +344,11 @@ pub(crate) async fn take_new_rows(
                 }
                 _ => RecordBatch::new_empty(bronze.clone()),
             };
-            let oldest_landed = new
-                .column_by_name("_landed_at")
-                .and_then(|c| {
-                    c.as_any()
-                        .downcast_ref::<arrow::array::TimestampMicrosecondArray>()
-                })
-                .and_then(arrow::compute::min);
             NewRows {
+                oldest_landed: oldest_landed(&new),
                 new,
                 applied,
                 too_late,
-                oldest_landed,
             }
         }
     };
@@ -350,6 +358,54 @@ pub(crate) async fn take_new_rows(
         state.push_cutoff(source, input, c, c - reach);
     }
     Ok(rows)
+}
+
+/// Arrival time of the oldest file among `new` rows (when they carry `_landed_at`).
+fn oldest_landed(new: &RecordBatch) -> Option<Micros> {
+    new.column_by_name("_landed_at")
+        .and_then(|c| {
+            c.as_any()
+                .downcast_ref::<arrow::array::TimestampMicrosecondArray>()
+        })
+        .and_then(arrow::compute::min)
+}
+
+/// [`NewRows`] of bronze rows held in memory (`held`, every bronze column): what the
+/// reads of [`take_new_rows`] return for them — the `target` columns of every row, and
+/// the rows before `cutoff` with every `bronze` column.
+fn held_rows(
+    held: &[RecordBatch],
+    target: &SchemaRef,
+    bronze: &SchemaRef,
+    cutoff: Option<Micros>,
+) -> Result<NewRows> {
+    let projected = held
+        .iter()
+        .map(|b| conform(b, target))
+        .collect::<Result<Vec<_>>>()?;
+    let new = concat_batches(target, &projected)?;
+    let (applied, too_late) = agg::split_late(&new, cutoff)?;
+    let too_late = match cutoff {
+        Some(c) if too_late.num_rows() > 0 => {
+            let mut late = Vec::with_capacity(held.len());
+            for b in held {
+                let b = conform(b, bronze)?;
+                let ts = crate::columns::event_ts(&b)?;
+                // As the read's `event_ts < cutoff`: a null compares as not before it.
+                let before: arrow::array::BooleanArray =
+                    ts.iter().map(|v| Some(v.is_some_and(|v| v < c))).collect();
+                late.push(arrow::compute::filter_record_batch(&b, &before)?);
+            }
+            concat_batches(bronze, &late)?
+        }
+        _ => RecordBatch::new_empty(bronze.clone()),
+    };
+    Ok(NewRows {
+        oldest_landed: oldest_landed(&new),
+        new,
+        applied,
+        too_late,
+    })
 }
 
 #[cfg(test)]

@@ -133,6 +133,8 @@ pub struct JobRunner {
     /// Rows the jobs' batches recompute at once (clones share it; see
     /// [`crate::operator::budget`]).
     budget: Arc<RowBudget>,
+    /// New rows the ingestion of this process hands over (see [`crate::operator::fresh`]).
+    fresh: Option<Arc<crate::operator::fresh::FreshRows>>,
 }
 
 impl JobRunner {
@@ -154,7 +156,14 @@ impl JobRunner {
             cluster: None,
             parallel_days: 1,
             budget: Arc::new(RowBudget::default()),
+            fresh: None,
         }
+    }
+
+    /// Take a batch's new rows from `fresh` when it holds them, instead of bronze.
+    pub fn with_fresh(mut self, fresh: Option<Arc<crate::operator::fresh::FreshRows>>) -> Self {
+        self.fresh = fresh;
+        self
     }
 
     /// Recompute at most `rows` new rows at once (`compute_budget_rows`).
@@ -353,6 +362,7 @@ impl JobRunner {
         Context::new(port, &self.schemas, &self.clock)
             .with_pending(self.pending.as_deref())
             .with_budget(&self.budget)
+            .with_fresh(self.fresh.as_deref())
     }
 
     /// The state before batch `n`: result `n−1`'s, or the initial state.

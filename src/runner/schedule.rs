@@ -423,8 +423,13 @@ impl Daemon {
         // cache's long-lived entries pinned pages all through the heap: over a day of
         // small drops in one process the hourly median of a run's peak RSS grew from
         // 148 to 264 MB (README, "Cost over time").
+        // So do the rows a task's ingestion handed to its jobs (a later task's jobs read
+        // them from bronze).
         if idle {
             crate::sink::delta::clear_file_metadata();
+            if let Some(f) = self.ing.fresh() {
+                f.clear();
+            }
         }
         crate::alloc::release();
         let (outcome, summary) = match result {

@@ -178,7 +178,7 @@ fn open_partition_compaction_changes_no_table() {
 
 /// The first well-formed order line of `bucket`, 30 days earlier and with an event id
 /// of its own (the demo lands some malformed and re-delivered lines on purpose).
-fn late_order(bucket: &[&(i64, String, Vec<u8>)], i: usize) -> String {
+pub(crate) fn late_order(bucket: &[&(i64, String, Vec<u8>)], i: usize) -> String {
     let lines = bucket
         .iter()
         .filter(|(_, rel, _)| rel.starts_with("orders/"))

@@ -7,6 +7,7 @@ mod cluster;
 mod common;
 mod compaction;
 mod faults;
+mod handover;
 mod ingest;
 mod jobs;
 mod ops;

@@ -416,6 +416,7 @@ impl Operator for Mirror {
         let NewRows {
             new, oldest_landed, ..
         } = take_new_rows(
+            cx.fresh_rows(source, plan.input(source)?),
             ctx.as_ref(),
             "bronze",
             source,

@@ -178,6 +178,7 @@ impl Operator for Stockout {
             too_late,
             oldest_landed,
         } = take_new_rows(
+            cx.fresh_rows(source, input),
             ctx.as_ref(),
             "bronze",
             source,

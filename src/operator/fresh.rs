@@ -1,0 +1,169 @@
+//! New rows handed from ingestion to the jobs of the same process.
+//!
+//! A job batch's first read is its new rows: the bronze rows of the ingestion batch it
+//! consumes (`_batch_id` in `(after, upto]`). When this process has just ingested that
+//! batch it holds exactly those rows — the deduplicated rows it encoded into bronze's
+//! files and committed with the batch's txn — so the jobs take them from memory instead
+//! of planning and decoding a bronze read ([`super::read::take_new_rows`]). Bronze stays
+//! the truth and the other path: catch-up after a crash, a backlog's earlier batches,
+//! backfill, another process's ingestion and the cluster's all read it, and a held batch
+//! gives the same rows a bronze read of it would (`tests/pipeline` replays a landing
+//! zone both ways and compares every table).
+//!
+//! What is held, and when:
+//! - a source's rows are handed over only once its ingestion batch is complete (bronze,
+//!   quarantine, ledger and run log committed): before that no job plans the batch;
+//! - only rows this process wrote: a replayed batch (bronze already held it) hands over
+//!   nothing, nor does a batch whose files the cluster wrote;
+//! - one batch per source, the latest: a source forgets its held rows when its next
+//!   batch starts, so memory stays bounded by the ingestion batch, never the backlog;
+//!   `kestrel run` works a backlog in rounds (`App::ingest_and_run`: one batch of each
+//!   source, then the jobs reading them), so every batch of it reaches its jobs in
+//!   memory;
+//! - `kestrel run` forgets a source's rows once its ingestion is over and its jobs have
+//!   run, and everything when the run ends; the daemon when no task is running; the
+//!   always-on stream holds one poll's batch.
+//!
+//! `KESTREL_NEW_ROWS=bronze` turns the handover off (every job reads bronze), for
+//! comparing the two paths.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use arrow::array::RecordBatch;
+
+use crate::job::plan::Input;
+
+/// Environment variable that, set to `bronze`, makes jobs read their new rows from bronze.
+pub const ENV: &str = "KESTREL_NEW_ROWS";
+
+/// One source's held batch.
+struct Held {
+    batch: i64,
+    rows: Vec<RecordBatch>,
+}
+
+/// The latest ingestion batch of each source, as committed to bronze by this process.
+#[derive(Default)]
+pub struct FreshRows {
+    held: Mutex<BTreeMap<String, Held>>,
+    /// Job batches that took their new rows from here.
+    taken: AtomicU64,
+}
+
+impl std::fmt::Debug for FreshRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FreshRows")
+            .field("taken", &self.taken.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl FreshRows {
+    /// A handover, unless [`ENV`] says `bronze` (then None: jobs read bronze).
+    pub fn from_env() -> Option<Self> {
+        match std::env::var(ENV) {
+            Ok(v) if v.eq_ignore_ascii_case("bronze") => None,
+            _ => Some(Self::default()),
+        }
+    }
+
+    /// Drop `source`'s held rows (its next ingestion batch is starting).
+    pub fn forget(&self, source: &str) {
+        if let Ok(mut g) = self.held.lock() {
+            g.remove(source);
+        }
+    }
+
+    /// Drop every held row.
+    pub fn clear(&self) {
+        if let Ok(mut g) = self.held.lock() {
+            g.clear();
+        }
+    }
+
+    /// Ingestion batch `batch` of `source` is complete, and `rows` are exactly the bronze
+    /// rows it committed (none: it wrote no row).
+    pub fn hand_over(&self, source: &str, batch: i64, rows: Vec<RecordBatch>) {
+        if let Ok(mut g) = self.held.lock() {
+            g.insert(source.to_string(), Held { batch, rows });
+        }
+    }
+
+    /// `source`'s new rows of `input`, when held: `input` is the one ingestion batch held
+    /// for it. None: read them from bronze.
+    pub fn take(&self, source: &str, input: &Input) -> Option<Vec<RecordBatch>> {
+        if input.upto_batch != input.after_batch + 1 {
+            return None;
+        }
+        let g = self.held.lock().ok()?;
+        let held = g.get(source).filter(|h| h.batch == input.upto_batch)?;
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Some(held.rows.clone())
+    }
+
+    /// How many job batches took their new rows from here.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Rows held now, over every source.
+    pub fn rows_held(&self) -> usize {
+        self.held.lock().map_or(0, |g| {
+            g.values()
+                .flat_map(|h| h.rows.iter())
+                .map(|b| b.num_rows())
+                .sum()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use std::sync::Arc;
+
+    fn rows(n: i64) -> Vec<RecordBatch> {
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("_batch_id", arrow::datatypes::DataType::Int64, false),
+        ]));
+        vec![RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![n; 3]))]).unwrap()]
+    }
+
+    fn input(after: i64, upto: i64) -> Input {
+        Input {
+            after_batch: after,
+            upto_batch: upto,
+            bronze_version: None,
+        }
+    }
+
+    #[test]
+    fn only_the_one_held_batch_is_taken() {
+        let f = FreshRows::default();
+        assert!(f.take("orders", &input(0, 1)).is_none());
+        f.hand_over("orders", 2, rows(2));
+        // Another batch, a range of two, another source: read bronze.
+        assert!(f.take("orders", &input(0, 1)).is_none());
+        assert!(f.take("orders", &input(0, 2)).is_none());
+        assert!(f.take("payments", &input(1, 2)).is_none());
+        assert_eq!(f.taken(), 0);
+        // Every job reading the source takes the same rows.
+        for _ in 0..2 {
+            let got = f.take("orders", &input(1, 2)).unwrap();
+            assert_eq!(got[0].num_rows(), 3);
+        }
+        assert_eq!((f.taken(), f.rows_held()), (2, 3));
+        // The next batch starting forgets it.
+        f.forget("orders");
+        assert!(f.take("orders", &input(1, 2)).is_none());
+        // An empty batch is held as no rows, not as "unknown".
+        f.hand_over("orders", 3, Vec::new());
+        assert_eq!(f.take("orders", &input(2, 3)).map(|r| r.len()), Some(0));
+        f.clear();
+        assert_eq!(f.rows_held(), 0);
+        assert!(f.take("orders", &input(2, 3)).is_none());
+    }
+}
