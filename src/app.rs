@@ -1,8 +1,7 @@
 //! The application a command works with, built once per process from the config:
 //! source schemas, job definitions (all validated before any work), the ingestor and
 //! the job runner; and the orchestration `kestrel run` performs (which sources and jobs
-//! a running stream owns; rounds of one ingestion batch per source, then the jobs reading
-//! them, each taking the batch just ingested in memory; every failure collected). The CLI parses,
+//! a running stream owns, ingest, then jobs, every failure collected). The CLI parses,
 //! calls in here and prints; the scheduler and the stream take the same parts.
 
 use std::collections::BTreeMap;
@@ -223,8 +222,8 @@ impl App {
             .into_iter()
             .partition(|spec| streamed.iter().any(|(j, _)| *j == spec.name));
         let (ingested, results) = self.ingest_and_run(&ingest, &runnable).await;
-        // What the jobs took from ingestion is theirs no longer (a daemon's next run
-        // ingests anew).
+        // What the jobs did not take is theirs no longer (a daemon's next run ingests
+        // anew).
         if let Some(f) = self.ingestor.fresh() {
             f.clear();
         }
@@ -254,170 +253,58 @@ impl App {
         Ok(out)
     }
 
-    /// Ingest `sources` and run `jobs`, in rounds: a round ingests one batch of every
-    /// source that has one left, then runs the jobs reading a source that got one (every
-    /// job in the first round). A job thus takes each batch in memory as it was just
-    /// ingested ([`crate::operator::fresh`]), and a backlog's gold follows its ingestion
-    /// batch by batch; jobs plan one ingestion batch per source at a time either way, so
-    /// they compute the same batches as after the whole backlog. Within a round at most
-    /// `parallel_jobs` sources and jobs work at once (sources first, in order; a job once
-    /// the sources it reads among `sources` have done their round's batch). Results in
-    /// the order given. With `parallel_jobs = 1` a round is every source in turn, then
-    /// every job in turn; a five-minute drop is one round.
+    /// Ingest `sources` and run `jobs`, at most `parallel_jobs` of them at once (sources
+    /// first, in order; a job once the sources it reads among `sources` are done).
+    /// Results in the order given. With `parallel_jobs = 1` this is every source in turn,
+    /// then every job in turn.
     async fn ingest_and_run(
         &self,
         sources: &[&String],
         jobs: &[&JobSpec],
     ) -> (Vec<Arc<Result<SourceReport>>>, Vec<Result<JobReport>>) {
         use futures::FutureExt;
+        // A batch handed over goes once the run's jobs that read its source took it.
+        if let Some(f) = self.ingestor.fresh() {
+            for s in sources {
+                let readers = jobs
+                    .iter()
+                    .filter(|j| j.sources.iter().any(|js| js == *s))
+                    .count();
+                f.expect_takers(s, readers);
+            }
+        }
         // A slot per source or job at work; fair, so sources queued first go first.
         let slots = tokio::sync::Semaphore::new(self.parallel_jobs.max(1));
         let slots = &slots;
-        let states: Vec<tokio::sync::Mutex<SourceState>> = sources
+        // Each source's ingestion, shared: its result is the run's and the waits' of the
+        // jobs that read it.
+        let ingestions: Vec<_> = sources
             .iter()
-            .map(|_| tokio::sync::Mutex::new(SourceState::Starting))
-            .collect();
-        let mut reports: Vec<Option<Result<JobReport>>> = jobs.iter().map(|_| None).collect();
-        for round in 0usize.. {
-            // Each source's step, shared: whether it committed a batch is the round's and
-            // the waits' of the jobs that read it.
-            let steps: Vec<_> = sources
-                .iter()
-                .zip(&states)
-                .map(|(s, state)| {
-                    async move {
-                        let mut state = state.lock().await;
-                        if state.finished() {
-                            return false;
-                        }
-                        // The semaphore is never closed; without a slot, ingest anyway.
-                        let _slot = slots.acquire().await.ok();
-                        state.step(&self.ingestor, s).await
-                    }
-                    .shared()
-                })
-                .collect();
-            let failed: Vec<bool> = reports.iter().map(|r| matches!(r, Some(Err(_)))).collect();
-            let runs = jobs.iter().zip(failed).map(|(spec, failed)| {
-                let waits: Vec<_> = sources
-                    .iter()
-                    .zip(&steps)
-                    .filter(|(s, _)| spec.sources.iter().any(|js| js == **s))
-                    .map(|(_, step)| step.clone())
-                    .collect();
+            .map(|s| {
                 async move {
-                    let stepped = futures::future::join_all(waits).await;
-                    if failed || (round > 0 && !stepped.contains(&true)) {
-                        return None;
-                    }
+                    // The semaphore is never closed; without a slot, ingest anyway.
                     let _slot = slots.acquire().await.ok();
-                    Some(self.runner.run_job_in_task(spec).await)
+                    Arc::new(self.ingestor.ingest_source(s).await)
                 }
-            });
-            let (_, ran) = futures::join!(
-                futures::future::join_all(steps.clone()),
-                futures::future::join_all(runs)
-            );
-            for (report, r) in reports.iter_mut().zip(ran) {
-                if let Some(r) = r {
-                    *report = Some(merge_rounds(report.take(), r));
-                }
-            }
-            let mut all_done = true;
-            for (s, state) in sources.iter().zip(&states) {
-                if state.lock().await.finished() {
-                    // Its jobs have taken its last batch.
-                    if let Some(f) = self.ingestor.fresh() {
-                        f.forget(s);
-                    }
-                } else {
-                    all_done = false;
-                }
-            }
-            if all_done {
-                break;
-            }
-        }
-        let mut ingested = Vec::with_capacity(states.len());
-        for state in states {
-            ingested.push(match state.into_inner() {
-                SourceState::Done(r) => r,
-                _ => Arc::new(Err(Error::Plan {
-                    path: "run".into(),
-                    reason: "a source's ingestion did not finish".into(),
-                })),
-            });
-        }
-        let results = reports
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(Error::Plan {
-                        path: "run".into(),
-                        reason: "the job did not run".into(),
-                    })
-                })
+                .shared()
             })
             .collect();
-        (ingested, results)
-    }
-}
-
-/// One source's ingestion through a run's rounds ([`App::ingest_and_run`]).
-enum SourceState {
-    Starting,
-    Running(Box<crate::runner::ingest::SourceRun>),
-    Done(Arc<Result<SourceReport>>),
-}
-
-impl SourceState {
-    fn finished(&self) -> bool {
-        matches!(self, SourceState::Done(_))
-    }
-
-    /// Ingest the source's next batch (taking its lease first); true when one was
-    /// committed. The ingestion is finished — its open partitions compacted and its lease
-    /// released — as soon as it has no batch left, before the jobs that read its last one.
-    async fn step(&mut self, ing: &Ingestor, source: &str) -> bool {
-        let mut run = match std::mem::replace(self, SourceState::Starting) {
-            SourceState::Starting => match ing.start_source(source).await {
-                Ok(run) => Box::new(run),
-                Err(e) => {
-                    *self = SourceState::Done(Arc::new(Err(e)));
-                    return false;
-                }
-            },
-            SourceState::Running(run) => run,
-            done @ SourceState::Done(_) => {
-                *self = done;
-                return false;
+        let runs = jobs.iter().map(|spec| {
+            let waits: Vec<_> = sources
+                .iter()
+                .zip(&ingestions)
+                .filter(|(s, _)| spec.sources.iter().any(|js| js == **s))
+                .map(|(_, ingestion)| ingestion.clone())
+                .collect();
+            async move {
+                futures::future::join_all(waits).await;
+                let _slot = slots.acquire().await.ok();
+                self.runner.run_job_in_task(spec).await
             }
-        };
-        let (committed, result) = match ing.next_batch(run.as_mut()).await {
-            Ok(true) if !run.exhausted() => {
-                *self = SourceState::Running(run);
-                return true;
-            }
-            Ok(committed) => (committed, Ok(())),
-            Err(e) => (false, Err(e)),
-        };
-        *self = SourceState::Done(Arc::new(ing.finish_source(*run, result).await));
-        committed
-    }
-}
-
-/// A job's report over a run's rounds: `earlier`'s batches, then `later`'s (a failure
-/// ends it: the job does not run again in the run).
-fn merge_rounds(earlier: Option<Result<JobReport>>, later: Result<JobReport>) -> Result<JobReport> {
-    match (earlier, later) {
-        (Some(Ok(mut a)), Ok(b)) => {
-            a.batches.extend(b.batches);
-            a.skipped = b.skipped;
-            a.watermark = b.watermark;
-            a.newest_landed = b.newest_landed.or(a.newest_landed);
-            Ok(a)
-        }
-        (Some(Err(e)), _) | (_, Err(e)) => Err(e),
-        (None, b) => b,
+        });
+        futures::join!(
+            futures::future::join_all(ingestions.clone()),
+            futures::future::join_all(runs)
+        )
     }
 }

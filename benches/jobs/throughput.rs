@@ -99,9 +99,9 @@ fn generate(dir: &Path, events: usize) -> (Vec<PathBuf>, u64, usize) {
     (files, bytes, distinct)
 }
 
-/// Copy `files` (with their modification times) under `to`.
-fn copy_files(files: &[PathBuf], from: &Path, to: &Path) {
-    for f in files {
+/// Copy the first half of `files` (with their modification times) under `to`.
+fn copy_half(files: &[PathBuf], from: &Path, to: &Path) {
+    for f in &files[..files.len() / 2] {
         let dest = to.join(f.strip_prefix(from).unwrap());
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         std::fs::copy(f, &dest).unwrap();
@@ -110,18 +110,16 @@ fn copy_files(files: &[PathBuf], from: &Path, to: &Path) {
     }
 }
 
-/// One kestrel step over `site` — `kestrel run`'s ingestion and job, in rounds of one
-/// batch — in a process of its own (this bench's binary, `throughput-run DIR`), as a
-/// `kestrel run` is: (seconds, ingest s, job s — each its batches' times summed —, peak
-/// RSS bytes). `new_rows`: `KESTREL_NEW_ROWS` (`bronze`: jobs read every batch back). Run in this process after another site's step, a step
+/// One kestrel step over `site` — ingestion, then the job — in a process of its own
+/// (this bench's binary, `throughput-run DIR`), as a `kestrel run` is: (seconds, ingest
+/// s, job s, peak RSS bytes). Run in this process after another site's step, a step
 /// started from ~50 MiB more resident (what the step before left in the allocator's
 /// heaps, given back or not) and peaked ~100 MiB higher on the same first batch, so the
 /// site run second — the full landing zone — was charged for the one before it.
-fn kestrel_once(site: &Site, new_rows: &str) -> (f64, f64, f64, usize) {
+fn kestrel_once(site: &Site) -> (f64, f64, f64, usize) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--bench", "throughput-run"])
         .arg(&site.dir)
-        .env(kestrel::operator::fresh::ENV, new_rows)
         .stderr(std::process::Stdio::inherit())
         .output()
         .unwrap();
@@ -145,7 +143,7 @@ const RUN_RESULT: &str = "kestrel step: ";
 pub async fn run_step(dir: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spec: &JobSpec) {
     let site = Site::new(dir.to_path_buf(), schemas, &[spec]);
     let t = Instant::now();
-    let (ingest_s, job_s) = site.run_app().await;
+    let (ingest_s, job_s) = site.step().await;
     println!(
         "{RUN_RESULT}{} {ingest_s} {} {}",
         t.elapsed().as_secs_f64(),
@@ -296,10 +294,8 @@ pub async fn throughput(
 ) {
     let full = Site::new(base.join("tp"), schemas, &[spec]);
     let half = Site::new(base.join("tp-half"), schemas, &[spec]);
-    let bronze = Site::new(base.join("tp-bronze"), schemas, &[spec]);
     let (files, bytes, distinct) = generate(&full.dir, events);
-    copy_files(&files[..files.len() / 2], &full.dir, &half.dir);
-    copy_files(&files, &full.dir, &bronze.dir);
+    copy_half(&files, &full.dir, &half.dir);
     let landing = full.dir.join("landing");
     let n = distinct;
     println!(
@@ -308,11 +304,8 @@ pub async fn throughput(
         cores()
     );
 
-    let (h_s, _, _, h_rss) = kestrel_once(&half, "memory");
-    let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full, "memory");
-    // The same landing zone with every job batch reading its new rows back from bronze
-    // (`KESTREL_NEW_ROWS=bronze`): what the handover of the batch just ingested saves.
-    let (b_s, b_ingest_s, b_job_s, b_rss) = kestrel_once(&bronze, "bronze");
+    let (h_s, _, _, h_rss) = kestrel_once(&half);
+    let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full);
     println!(
         "kestrel landing → bronze → gold/revenue_5m: {k_s:.2} s, {:.0} events/s (ingest {ingest_s:.2} s, job {job_s:.2} s), peak RSS {:.0} MiB",
         n as f64 / k_s,
@@ -323,16 +316,7 @@ pub async fn throughput(
         h_rss as f64 / 1048576.0,
         k_rss as f64 / h_rss.max(1) as f64
     );
-    println!(
-        "kestrel with new rows read back from bronze: {b_s:.2} s (ingest {b_ingest_s:.2} s, job {b_job_s:.2} s), peak RSS {:.0} MiB; handed over ÷ read back: job {:.2}, whole {:.2}",
-        b_rss as f64 / 1048576.0,
-        job_s / b_job_s,
-        k_s / b_s
-    );
     let gold = gold_rows(&full).await;
-    if let Some(d) = difference(&gold, &gold_rows(&bronze).await) {
-        panic!("gold/revenue_5m differs with new rows read back from bronze: {d}");
-    }
 
     let (df_s, df_rows) = datafusion_alone(&landing).await;
     println!(

@@ -5,8 +5,9 @@
 //! batch it holds exactly those rows — the deduplicated rows it encoded into bronze's
 //! files and committed with the batch's txn — so the jobs take them from memory instead
 //! of planning and decoding a bronze read ([`super::read::take_new_rows`]). Bronze stays
-//! the truth and the other path: catch-up after a crash, a backlog's earlier batches,
-//! backfill, another process's ingestion and the cluster's all read it, and a held batch
+//! the truth and the other path: catch-up after a crash, a backlog's earlier batches, a
+//! batch too large to hold, backfill, another process's ingestion and the cluster's all
+//! read it, and a held batch
 //! gives the same rows a bronze read of it would (`tests/pipeline` replays a landing
 //! zone both ways and compares every table).
 //!
@@ -15,14 +16,20 @@
 //!   quarantine, ledger and run log committed): before that no job plans the batch;
 //! - only rows this process wrote: a replayed batch (bronze already held it) hands over
 //!   nothing, nor does a batch whose files the cluster wrote;
+//! - a batch of at most [`HOLD_BYTES`] of Arrow memory: a five-minute drop (at Kestrel's
+//!   scale ≈ 10 MB for the largest source) is, a backlog's 256 MB batch is not. Held
+//!   rows are a copy of the batch kept alive while bronze encodes it (the writers
+//!   otherwise free each part as they go) and until the jobs run: on a 1.4M-row batch
+//!   that raised the throughput benchmark's peak RSS by ≈ 180 MiB, and what it saved
+//!   (≈ 85 ms of a 0.6 s job batch) was lost again in slower encoding, so large
+//!   batches are read back from bronze;
 //! - one batch per source, the latest: a source forgets its held rows when its next
-//!   batch starts, so memory stays bounded by the ingestion batch, never the backlog;
-//!   `kestrel run` works a backlog in rounds (`App::ingest_and_run`: one batch of each
-//!   source, then the jobs reading them), so every batch of it reaches its jobs in
-//!   memory;
-//! - `kestrel run` forgets a source's rows once its ingestion is over and its jobs have
-//!   run, and everything when the run ends; the daemon when no task is running; the
-//!   always-on stream holds one poll's batch.
+//!   batch starts, so a backlog holds at most its last batch;
+//! - `kestrel run` drops a batch as soon as every job of the run that reads its source
+//!   has taken it ([`FreshRows::expect_takers`]; the job's own copy of the columns it
+//!   reads is what stays, as a bronze read's result would), and everything when the
+//!   run ends; the daemon drops them when no task is running; the always-on stream
+//!   holds one poll's batch.
 //!
 //! `KESTREL_NEW_ROWS=bronze` turns the handover off (every job reads bronze), for
 //! comparing the two paths.
@@ -38,16 +45,23 @@ use crate::job::plan::Input;
 /// Environment variable that, set to `bronze`, makes jobs read their new rows from bronze.
 pub const ENV: &str = "KESTREL_NEW_ROWS";
 
+/// The largest batch handed over (Arrow memory, counted by its buffers).
+pub const HOLD_BYTES: usize = 64 << 20;
+
 /// One source's held batch.
 struct Held {
     batch: i64,
     rows: Vec<RecordBatch>,
+    /// Jobs still to take it (None: any number, until forgotten).
+    left: Option<usize>,
 }
 
 /// The latest ingestion batch of each source, as committed to bronze by this process.
 #[derive(Default)]
 pub struct FreshRows {
     held: Mutex<BTreeMap<String, Held>>,
+    /// Per source, how many jobs take each of its batches ([`FreshRows::expect_takers`]).
+    takers: Mutex<BTreeMap<String, usize>>,
     /// Job batches that took their new rows from here.
     taken: AtomicU64,
 }
@@ -69,10 +83,27 @@ impl FreshRows {
         }
     }
 
+    /// Whether a batch of `rows` is small enough to hold ([`HOLD_BYTES`]).
+    pub fn would_hold(&self, rows: &[RecordBatch]) -> bool {
+        rows.iter()
+            .map(|b| b.get_array_memory_size())
+            .sum::<usize>()
+            <= HOLD_BYTES
+    }
+
     /// Drop `source`'s held rows (its next ingestion batch is starting).
     pub fn forget(&self, source: &str) {
         if let Ok(mut g) = self.held.lock() {
             g.remove(source);
+        }
+    }
+
+    /// Each batch of `source` handed over from now on is dropped as soon as `jobs` job
+    /// batches have taken it (the jobs of a run that read it), not held until forgotten:
+    /// its memory is free for the rest of their work.
+    pub fn expect_takers(&self, source: &str, jobs: usize) {
+        if let Ok(mut g) = self.takers.lock() {
+            g.insert(source.to_string(), jobs);
         }
     }
 
@@ -86,8 +117,12 @@ impl FreshRows {
     /// Ingestion batch `batch` of `source` is complete, and `rows` are exactly the bronze
     /// rows it committed (none: it wrote no row).
     pub fn hand_over(&self, source: &str, batch: i64, rows: Vec<RecordBatch>) {
+        let left = self.takers.lock().ok().and_then(|t| t.get(source).copied());
+        if left == Some(0) {
+            return;
+        }
         if let Ok(mut g) = self.held.lock() {
-            g.insert(source.to_string(), Held { batch, rows });
+            g.insert(source.to_string(), Held { batch, rows, left });
         }
     }
 
@@ -97,10 +132,17 @@ impl FreshRows {
         if input.upto_batch != input.after_batch + 1 {
             return None;
         }
-        let g = self.held.lock().ok()?;
-        let held = g.get(source).filter(|h| h.batch == input.upto_batch)?;
+        let mut g = self.held.lock().ok()?;
+        let held = g.get_mut(source).filter(|h| h.batch == input.upto_batch)?;
         self.taken.fetch_add(1, Ordering::Relaxed);
-        Some(held.rows.clone())
+        match &mut held.left {
+            Some(left) if *left <= 1 => g.remove(source).map(|h| h.rows),
+            Some(left) => {
+                *left -= 1;
+                Some(held.rows.clone())
+            }
+            None => Some(held.rows.clone()),
+        }
     }
 
     /// How many job batches took their new rows from here.
@@ -165,5 +207,38 @@ mod tests {
         f.clear();
         assert_eq!(f.rows_held(), 0);
         assert!(f.take("orders", &input(2, 3)).is_none());
+    }
+
+    #[test]
+    fn only_small_batches_are_held() {
+        let f = FreshRows::default();
+        assert!(f.would_hold(&rows(1)));
+        let big = arrow::array::Int64Array::from(vec![0i64; HOLD_BYTES / 8 + 1]);
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("x", arrow::datatypes::DataType::Int64, false),
+        ]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(big)]).unwrap();
+        assert!(!f.would_hold(&[b]));
+    }
+
+    #[test]
+    fn a_batch_goes_once_its_jobs_have_taken_it() {
+        let f = FreshRows::default();
+        f.expect_takers("orders", 2);
+        f.expect_takers("payments", 0);
+        f.hand_over("orders", 1, rows(1));
+        f.hand_over("payments", 1, rows(1));
+        // No job reads payments: nothing is held for it.
+        assert_eq!(f.rows_held(), 3);
+        assert!(f.take("orders", &input(0, 1)).is_some());
+        assert_eq!(f.rows_held(), 3);
+        // The second job takes the last reference.
+        assert!(f.take("orders", &input(0, 1)).is_some());
+        assert_eq!(f.rows_held(), 0);
+        assert!(f.take("orders", &input(0, 1)).is_none());
+        // The next batch is counted afresh.
+        f.hand_over("orders", 2, rows(2));
+        assert!(f.take("orders", &input(1, 2)).is_some());
+        assert_eq!(f.rows_held(), 3);
     }
 }

@@ -102,28 +102,6 @@ pub struct DedupLoad {
     pub position: i64,
 }
 
-/// One source's ingestion within a run, under its lease ([`Ingestor::start_source`]).
-pub struct SourceRun {
-    schema: Arc<SourceSchema>,
-    lease: Lease,
-    report: SourceReport,
-    full_scan_done: bool,
-    /// The files to do that had landed when the ingestion started (from its first plan).
-    pending_at_start: Option<HashSet<String>>,
-    /// The last completed batch.
-    last: i64,
-    /// No batch is left for this run.
-    done: bool,
-}
-
-impl SourceRun {
-    /// Every file that had landed when the ingestion started is done: the batch just
-    /// ingested was the run's last.
-    pub fn exhausted(&self) -> bool {
-        self.done || self.pending_at_start.as_ref().is_some_and(|p| p.is_empty())
-    }
-}
-
 /// Ingests sources of one configuration.
 pub struct Ingestor {
     cfg: Config,
@@ -341,130 +319,20 @@ impl Ingestor {
 
     /// Ingest everything newly landed for one source (as many batches as needed).
     pub async fn ingest_source(&self, source: &str) -> Result<SourceReport> {
-        let mut run = self.start_source(source).await?;
-        let result = loop {
-            match self.next_batch(&mut run).await {
-                Ok(true) => continue,
-                Ok(false) => break Ok(()),
-                Err(e) => break Err(e),
-            }
-        };
-        self.finish_source(run, result).await
-    }
-
-    /// Begin a source's ingestion: take its lease. [`Ingestor::next_batch`] then ingests
-    /// one batch at a time (a run's jobs can follow each one), and
-    /// [`Ingestor::finish_source`] ends it.
-    pub async fn start_source(&self, source: &str) -> Result<SourceRun> {
         let schema = self
             .schemas
             .get(source)
             .ok_or_else(|| Error::NoSchema(source.to_string()))?
             .clone();
-        let lease = Lease::acquire(
+        let mut lease = Lease::acquire(
             &self.wh,
             &format!("ingest-{source}"),
             self.cfg.ingest.lease_ttl,
         )
         .await?;
-        // Under the source's lease no other writer completes its batches.
-        let last = match runlog::last_batch(&self.wh, "ingest", source).await {
-            Ok(l) => l,
-            Err(e) => {
-                if let Err(r) = lease.release().await {
-                    warn!(source, error = %r, "could not release lease");
-                }
-                return Err(e);
-            }
-        };
-        Ok(SourceRun {
-            schema,
-            lease,
-            report: SourceReport {
-                source: source.to_string(),
-                batches: Vec::new(),
-            },
-            full_scan_done: false,
-            pending_at_start: None,
-            last,
-            done: false,
-        })
-    }
-
-    /// Ingest `run`'s next batch; false when there is none (nothing new, everything that
-    /// had landed when the ingestion started is done, or the run was asked to stop).
-    pub async fn next_batch(&self, run: &mut SourceRun) -> Result<bool> {
-        // What had landed when this ingestion started; files landing meanwhile are the
-        // next run's (as Spark's `Trigger.AvailableNow`), so a run ends — and its jobs
-        // run — even while producers land faster than it ingests.
-        if run.exhausted() {
-            run.done = true;
-            return Ok(false);
-        }
-        let source = run.report.source.clone();
-        let source = source.as_str();
-        // Stopped (also before the first batch: one that has not started is not
-        // running, and the next run does it).
-        if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
-            info!(source, "stopping between batches");
-            run.done = true;
-            return Ok(false);
-        }
-        if !run.report.batches.is_empty() {
-            run.lease.renew(self.cfg.ingest.lease_ttl).await?;
-            // A backlog's next batch starts from what the last one freed, not on top
-            // of it: over 5M orders in four batches the resident floor between
-            // batches rose 225 → 449 MiB without this, and stays at 120–145 MiB with
-            // it (no slower; `--bench jobs -- throughput`).
-            crate::alloc::release();
-        }
-        let n = run.last + 1;
-        let (plan, resumed) = match ledger::read_plan(&self.wh, source, n).await? {
-            Some(p) => {
-                info!(
-                    source,
-                    batch = n,
-                    files = p.files.len(),
-                    "resuming planned batch"
-                );
-                (p, true)
-            }
-            None => {
-                let force_full = self.opts.full_scan && !run.full_scan_done;
-                match self.plan_next(source, run.last, n, force_full).await? {
-                    Some((p, pending)) => {
-                        run.full_scan_done |= p.full_scan;
-                        run.pending_at_start.get_or_insert(pending);
-                        (p, false)
-                    }
-                    None => {
-                        run.done = true;
-                        return Ok(false);
-                    }
-                }
-            }
-        };
-        fault::point("after_plan");
-        fault::pause("ingest_after_plan").await;
-        let entry = self.execute(&plan, &run.schema, resumed).await?;
-        fault::pause("ingest_after_batch").await;
-        if let Some(pending) = &mut run.pending_at_start {
-            for f in &plan.files {
-                pending.remove(&f.file.path);
-            }
-        }
-        run.report.batches.push(entry);
-        run.last = n;
-        Ok(true)
-    }
-
-    /// End `run` (`result`: how its batches went): compact the source's crowded open
-    /// partitions when batches were committed, give freed memory back, release the lease.
-    pub async fn finish_source(&self, run: SourceRun, result: Result<()>) -> Result<SourceReport> {
-        let SourceRun { lease, report, .. } = run;
-        let source = report.source.as_str();
-        if result.is_ok() && !report.batches.is_empty() {
-            self.compact_open(source, report.quarantined() > 0).await;
+        let result = self.ingest_batches(source, &schema, &mut lease).await;
+        if let Some(r) = result.as_ref().ok().filter(|r| !r.batches.is_empty()) {
+            self.compact_open(source, r.quarantined() > 0).await;
         }
         // What decoding freed goes back before the jobs start on top of it: a run that
         // ingested a three-hour backlog at Kestrel's scale (1.9M events) peaked at 902 MB
@@ -473,7 +341,7 @@ impl Ingestor {
         if let Err(e) = lease.release().await {
             warn!(source, error = %e, "could not release lease");
         }
-        result.map(|()| report)
+        result
     }
 
     /// After a source's batches, under its lease: compact the crowded open partitions of
@@ -514,6 +382,79 @@ impl Ingestor {
                 warn!(source, %table, error = %e, "open-partition compaction failed; next run");
             }
         }
+    }
+
+    async fn ingest_batches(
+        &self,
+        source: &str,
+        schema: &Arc<SourceSchema>,
+        lease: &mut Lease,
+    ) -> Result<SourceReport> {
+        let mut report = SourceReport {
+            source: source.to_string(),
+            batches: Vec::new(),
+        };
+        let mut full_scan_done = false;
+        // What had landed when this ingestion started; files landing meanwhile are the
+        // next run's (as Spark's `Trigger.AvailableNow`), so a run ends — and its jobs
+        // run — even while producers land faster than it ingests.
+        let mut pending_at_start: Option<HashSet<String>> = None;
+        // Under the source's lease no other writer completes its batches.
+        let mut last = runlog::last_batch(&self.wh, "ingest", source).await?;
+        loop {
+            if pending_at_start.as_ref().is_some_and(|p| p.is_empty()) {
+                break;
+            }
+            // Stopped (also before the first batch: one that has not started is not
+            // running, and the next run does it).
+            if self.opts.stop.as_ref().is_some_and(|s| s.stopped()) {
+                info!(source, "stopping between batches");
+                break;
+            }
+            if !report.batches.is_empty() {
+                lease.renew(self.cfg.ingest.lease_ttl).await?;
+                // A backlog's next batch starts from what the last one freed, not on top
+                // of it: over 5M orders in four batches the resident floor between
+                // batches rose 225 → 449 MiB without this, and stays at 120–145 MiB with
+                // it (no slower; `--bench jobs -- throughput`).
+                crate::alloc::release();
+            }
+            let n = last + 1;
+            let (plan, resumed) = match ledger::read_plan(&self.wh, source, n).await? {
+                Some(p) => {
+                    info!(
+                        source,
+                        batch = n,
+                        files = p.files.len(),
+                        "resuming planned batch"
+                    );
+                    (p, true)
+                }
+                None => {
+                    let force_full = self.opts.full_scan && !full_scan_done;
+                    match self.plan_next(source, last, n, force_full).await? {
+                        Some((p, pending)) => {
+                            full_scan_done |= p.full_scan;
+                            pending_at_start.get_or_insert(pending);
+                            (p, false)
+                        }
+                        None => break,
+                    }
+                }
+            };
+            fault::point("after_plan");
+            fault::pause("ingest_after_plan").await;
+            let entry = self.execute(&plan, schema, resumed).await?;
+            fault::pause("ingest_after_batch").await;
+            if let Some(pending) = &mut pending_at_start {
+                for f in &plan.files {
+                    pending.remove(&f.file.path);
+                }
+            }
+            report.batches.push(entry);
+            last = n;
+        }
+        Ok(report)
     }
 
     /// Discover new files and durably plan batch `n`, with the paths of every file the
@@ -796,7 +737,8 @@ impl Ingestor {
         let duplicates = valid - rows_written;
         let mut bronze_version = None;
         // This batch's bronze rows, for the jobs of this process once it is complete: only
-        // rows written here (a replay's are an earlier process's, a cluster's are there).
+        // rows written here (a replay's are an earlier process's, a cluster's are there),
+        // and only a batch small enough to hold (see `operator::fresh`).
         let mut handed: Option<Vec<RecordBatch>> = None;
         if bronze_done {
             info!(
@@ -814,7 +756,7 @@ impl Ingestor {
                         &rows,
                     );
                     let writers = std::thread::available_parallelism().map_or(2, |n| n.get());
-                    if self.fresh.is_some() {
+                    if self.fresh.as_ref().is_some_and(|f| f.would_hold(&rows)) {
                         handed = Some(rows.clone());
                     }
                     let adds = delta::write_files(&bronze, rows, props, writers).await?;
