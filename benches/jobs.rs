@@ -140,52 +140,11 @@ impl Site {
         assert!(report.tables.iter().all(unwritten), "{report:?}");
     }
 
-    /// What `kestrel run` does over the site ([`kestrel::app::App::run`]: ingestion and
-    /// the jobs in rounds of one batch per source, each job taking the batch just
-    /// ingested in memory): (ingest s, job s per job), each the sum of its batches' times
-    /// (the run log's own start and finish stamps).
-    async fn run_app(&self) -> (f64, Vec<f64>) {
-        let jobs: BTreeMap<String, JobSpec> = self
-            .specs
-            .iter()
-            .map(|s| (s.name.clone(), s.clone()))
-            .collect();
-        let app = kestrel::app::App::with_parts(
-            self.config(),
-            self.schemas.clone(),
-            jobs,
-            IngestOptions::default(),
-        )
-        .unwrap();
-        let out = app.run(&[], &[]).await.unwrap();
-        assert!(out.failures().is_none(), "{:?}", out.failures());
-        let secs = |s: i64, f: i64| (f - s).max(0) as f64 / 1e6;
-        let ingest_s = out
-            .sources
-            .iter()
-            .flat_map(|r| r.batches.iter())
-            .map(|b| secs(b.started_at_us, b.finished_at_us))
-            .sum();
-        let job_s = self
-            .specs
-            .iter()
-            .map(|spec| {
-                out.jobs
-                    .iter()
-                    .filter(|j| j.job == spec.name)
-                    .flat_map(|j| j.batches.iter())
-                    .map(|b| secs(b.started_at_us, b.finished_at_us))
-                    .sum()
-            })
-            .collect();
-        (ingest_s, job_s)
-    }
-
     /// Ingest what landed, then run each job: (ingest s, job s per job).
     async fn step(&self) -> (f64, Vec<f64>) {
         let t = Instant::now();
-        // As `kestrel run` (`App`): the batch just ingested goes to the jobs in memory,
-        // unless KESTREL_NEW_ROWS=bronze.
+        // As `kestrel run` (`App`): the batch just ingested goes to the jobs in memory
+        // when it is small enough, unless KESTREL_NEW_ROWS=bronze.
         let fresh = kestrel::operator::fresh::FreshRows::from_env().map(Arc::new);
         let ing = Ingestor::with_schemas(
             self.config(),
