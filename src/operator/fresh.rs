@@ -7,9 +7,9 @@
 //! of planning and decoding a bronze read ([`super::read::take_new_rows`]). Bronze stays
 //! the truth and the other path: catch-up after a crash, a backlog's earlier batches, a
 //! batch too large to hold, backfill, another process's ingestion and the cluster's all
-//! read it, and a held batch
-//! gives the same rows a bronze read of it would (`tests/pipeline` replays a landing
-//! zone both ways and compares every table).
+//! read it, and a held batch gives the same rows a bronze read of it would
+//! (`tests/pipeline/handover.rs` replays a landing zone both ways and compares every
+//! table).
 //!
 //! What is held, and when:
 //! - a source's rows are handed over only once its ingestion batch is complete (bronze,
