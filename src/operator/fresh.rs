@@ -66,14 +66,6 @@ pub struct FreshRows {
     taken: AtomicU64,
 }
 
-impl std::fmt::Debug for FreshRows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FreshRows")
-            .field("taken", &self.taken.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
 impl FreshRows {
     /// A handover, unless [`ENV`] says `bronze` (then None: jobs read bronze).
     pub fn from_env() -> Option<Self> {

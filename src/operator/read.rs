@@ -385,20 +385,15 @@ fn held_rows(
         .collect::<Result<Vec<_>>>()?;
     let new = concat_batches(target, &projected)?;
     let (applied, too_late) = agg::split_late(&new, cutoff)?;
-    let too_late = match cutoff {
-        Some(c) if too_late.num_rows() > 0 => {
-            let mut late = Vec::with_capacity(held.len());
-            for b in held {
-                let b = conform(b, bronze)?;
-                let ts = crate::columns::event_ts(&b)?;
-                // As the read's `event_ts < cutoff`: a null compares as not before it.
-                let before: arrow::array::BooleanArray =
-                    ts.iter().map(|v| Some(v.is_some_and(|v| v < c))).collect();
-                late.push(arrow::compute::filter_record_batch(&b, &before)?);
-            }
-            concat_batches(bronze, &late)?
-        }
-        _ => RecordBatch::new_empty(bronze.clone()),
+    // The too-late rows with every bronze column: the same split, over the whole rows.
+    let too_late = if too_late.num_rows() > 0 {
+        let whole = held
+            .iter()
+            .map(|b| conform(b, bronze))
+            .collect::<Result<Vec<_>>>()?;
+        agg::split_late(&concat_batches(bronze, &whole)?, cutoff)?.1
+    } else {
+        RecordBatch::new_empty(bronze.clone())
     };
     Ok(NewRows {
         oldest_landed: oldest_landed(&new),
