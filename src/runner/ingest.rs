@@ -25,7 +25,6 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::Date32Type;
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
-use object_store::ObjectStoreExt;
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -40,7 +39,7 @@ use crate::sink::compact;
 use crate::sink::delta::{self, Warehouse};
 use crate::sink::quarantine::{self, QuarantineBuilder};
 use crate::sink::{bloom, probe};
-use crate::source::decode::{decode_file, Decoded, Rejected};
+use crate::source::decode::{Decoded, Rejected};
 use crate::source::dedup::{id_hash, DedupSet};
 use crate::source::discover::{self, LandedFile};
 use crate::source::read;
@@ -337,6 +336,7 @@ impl Ingestor {
         // What decoding freed goes back before the jobs start on top of it: a run that
         // ingested a three-hour backlog at Kestrel's scale (1.9M events) peaked at 902 MB
         // and still held 585 MB resident afterwards, with ~45 MB of it in use.
+        read::release_buffers();
         crate::alloc::release();
         if let Err(e) = lease.release().await {
             warn!(source, error = %e, "could not release lease");
@@ -914,41 +914,19 @@ pub(crate) async fn decode_planned(
         })
         .await?
     } else {
-        match read_landed(landing, f).await? {
-            Ok(bytes) => {
-                on_blocking_thread(what, move || decode_file(bytes, format, &schema, &ctx)).await?
+        let display = landing.display(&f.path);
+        let size = f.size;
+        match read::fetch_whole(&landing.store, &landing.path(&f.path), size, &display).await? {
+            Ok(whole) => {
+                on_blocking_thread(what, move || {
+                    whole.decode(size, &display, format, &schema, &ctx)
+                })
+                .await?
             }
             Err(reason) => Decoded::FileRejected { reason },
         }
     };
     Ok(Some(decoded))
-}
-
-/// Read a planned file; Err(reason) when it is gone or no longer what was planned.
-async fn read_landed(
-    landing: &Location,
-    f: &LandedFile,
-) -> Result<std::result::Result<bytes::Bytes, String>> {
-    let path = landing.path(&f.path);
-    match landing.store.get(&path).await {
-        Ok(r) => {
-            if r.meta.size != f.size {
-                return Ok(Err(format!(
-                    "file changed while being processed ({} bytes planned, {} found)",
-                    f.size, r.meta.size
-                )));
-            }
-            let b = r
-                .bytes()
-                .await
-                .map_err(|e| Error::storage(landing.display(&f.path), e))?;
-            Ok(Ok(b))
-        }
-        Err(object_store::Error::NotFound { .. }) => {
-            Ok(Err("file disappeared after it was planned".into()))
-        }
-        Err(e) => Err(Error::storage(landing.display(&f.path), e)),
-    }
 }
 
 /// A batch's deduplicated rows: to write, or written by a cluster (to commit).
