@@ -511,49 +511,56 @@ pub const BRONZE_NO_DICTIONARY: [&str; 3] = ["event_id", "_source_line", "event_
 pub fn bronze_writer_properties<'a>(
     columns: impl IntoIterator<Item = &'a str>,
 ) -> WriterProperties {
-    bronze_props(columns, Compression::SNAPPY)
+    bronze_props(columns, |_| Compression::SNAPPY)
 }
 
-/// [`bronze_writer_properties`] for writing `rows`: `event_id` compressed only when a
-/// sample of the rows' ids shows it pays ([`id_compression`]).
+/// [`bronze_writer_properties`] for writing `rows`: `event_id` and the [`LOOKUP_KEYS`]
+/// compressed only when a sample of the rows' values shows it pays
+/// ([`sampled_compression`]).
 pub fn bronze_writer_properties_for<'a>(
     columns: impl IntoIterator<Item = &'a str>,
     rows: &[RecordBatch],
 ) -> WriterProperties {
-    bronze_props(columns, id_compression(rows))
+    bronze_props(columns, |c| sampled_compression(rows, c))
 }
 
-/// How much of its plain encoding Snappy must save on a sample of event ids for bronze
-/// to compress them ([`id_compression`]).
+/// How much of its plain encoding Snappy must save on a sample of a column's values for
+/// bronze to compress the column ([`sampled_compression`]).
 pub const ID_SNAPPY_MIN_SAVING: f64 = 0.2;
 
-/// Bytes of plain-encoded event ids sampled (one Snappy block, the window its matches
+/// Bytes of plain-encoded values sampled (one Snappy block, the window its matches
 /// come from).
 const ID_SAMPLE_BYTES: usize = 64 << 10;
 
-/// How bronze compresses `event_id` in a write of `rows`: Snappy when it saves at least
-/// [`ID_SNAPPY_MIN_SAVING`] on the first 64 KiB of the ids as Parquet lays them out
-/// (plain, each behind its length), else not at all. Random UUIDs — what producers
-/// send — save ≈ 15 % (the hex alphabet is redundant, but Snappy has no entropy coding),
-/// at ≈ 150 ms of CPU per million ids each time they are written and read: on 5M orders
-/// (`cargo bench --bench jobs -- throughput`, two alternating pairs) bronze's encoding and
-/// commit took 520–590 ms per 1.4M-row batch with Snappy and 410–460 ms without, and
-/// landing → gold 8.61, 8.30 s → 8.04, 7.75 s, for a bronze table 3.8 % larger (462 →
-/// 480 MB). Ids with shared prefixes (ULIDs, counters, `order-…`) compress by far more
-/// and keep Snappy.
+/// How bronze compresses `event_id` in a write of `rows` ([`sampled_compression`]).
 pub fn id_compression(rows: &[RecordBatch]) -> Compression {
+    sampled_compression(rows, "event_id")
+}
+
+/// How bronze compresses the string `column` in a write of `rows`: Snappy when it saves
+/// at least [`ID_SNAPPY_MIN_SAVING`] on the first 64 KiB of its values as Parquet lays
+/// them out (plain, each behind its length), else not at all. Taken for the columns
+/// written without a dictionary whose values are ids: `event_id` and the
+/// [`LOOKUP_KEYS`]. Random UUIDs — what producers send — save ≈ 15 % (the hex alphabet
+/// is redundant, but Snappy has no entropy coding), at ≈ 150 ms of CPU per million ids
+/// each time they are written and read: on 5M orders (`cargo bench --bench jobs --
+/// throughput`, two alternating pairs) bronze's encoding and commit took 520–590 ms per
+/// 1.4M-row batch with Snappy on `event_id` and 410–460 ms without, and landing → gold
+/// 8.61, 8.30 s → 8.04, 7.75 s, for a bronze table 3.8 % larger (462 → 480 MB). Ids with
+/// shared prefixes (ULIDs, counters, `order-…`) compress by far more and keep Snappy.
+pub fn sampled_compression(rows: &[RecordBatch], column: &str) -> Compression {
     use arrow::array::AsArray;
     let mut plain = Vec::with_capacity(ID_SAMPLE_BYTES + 1024);
     'rows: for b in rows {
-        let Some(ids) = b.column_by_name("event_id") else {
+        let Some(values) = b.column_by_name(column) else {
             continue;
         };
-        let Some(ids) = ids.as_string_opt::<i32>() else {
+        let Some(values) = values.as_string_opt::<i32>() else {
             continue;
         };
-        for id in ids.iter().flatten() {
-            plain.extend_from_slice(&(id.len() as u32).to_le_bytes());
-            plain.extend_from_slice(id.as_bytes());
+        for v in values.iter().flatten() {
+            plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            plain.extend_from_slice(v.as_bytes());
             if plain.len() >= ID_SAMPLE_BYTES {
                 break 'rows;
             }
@@ -570,9 +577,11 @@ pub fn id_compression(rows: &[RecordBatch]) -> Compression {
     }
 }
 
+/// Bronze's writer properties; `compression` picks that of `event_id` and of each of the
+/// [`LOOKUP_KEYS`] among `columns` (the rest have Snappy).
 fn bronze_props<'a>(
     columns: impl IntoIterator<Item = &'a str>,
-    id_compression: Compression,
+    compression: impl Fn(&str) -> Compression,
 ) -> WriterProperties {
     let keys: Vec<&str> = columns
         .into_iter()
@@ -589,7 +598,7 @@ fn bronze_props<'a>(
         b = b.set_column_dictionary_enabled(ColumnPath::from(*c), false);
     }
     let mut b = b
-        .set_column_compression(id.clone(), id_compression)
+        .set_column_compression(id.clone(), compression("event_id"))
         .set_column_bloom_filter_enabled(id.clone(), true)
         .set_column_bloom_filter_fpp(id.clone(), EVENT_ID_BLOOM_FPP)
         .set_column_bloom_filter_max_ndv(id, ndv)
@@ -597,6 +606,7 @@ fn bronze_props<'a>(
     for c in keys {
         let key = ColumnPath::from(c);
         b = b
+            .set_column_compression(key.clone(), compression(c))
             .set_column_bloom_filter_enabled(key.clone(), true)
             .set_column_bloom_filter_fpp(key.clone(), LOOKUP_KEY_BLOOM_FPP)
             .set_column_bloom_filter_max_ndv(key, ndv);
@@ -1320,6 +1330,57 @@ mod tests {
         let rg = meta.row_group(0);
         assert_eq!(rg.column(0).compression(), Compression::UNCOMPRESSED);
         assert_eq!(rg.column(1).compression(), Compression::SNAPPY);
+    }
+
+    /// The lookup keys' compression is chosen the same way as event_id's, column by
+    /// column: random order ids uncompressed, counter-like ones with Snappy, and a
+    /// column of another name keeps Snappy whatever it holds.
+    #[test]
+    fn lookup_keys_are_compressed_only_when_it_pays() {
+        use arrow::array::StringArray;
+        use deltalake::parquet::arrow::ArrowWriter;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, true),
+            Field::new("order_id", DataType::Utf8, true),
+            Field::new("note", DataType::Utf8, true),
+        ]));
+        let random = |_| format!("ord-{}", uuid::Uuid::new_v4().simple());
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..20_000).map(|i| format!("evt-{i:012}")),
+                )),
+                Arc::new(StringArray::from_iter_values((0..20_000).map(random))),
+                Arc::new(StringArray::from_iter_values((0..20_000).map(random))),
+            ],
+        )
+        .unwrap();
+        let rows = std::slice::from_ref(&batch);
+        assert_eq!(sampled_compression(rows, "event_id"), Compression::SNAPPY);
+        assert_eq!(
+            sampled_compression(rows, "order_id"),
+            Compression::UNCOMPRESSED
+        );
+        assert_eq!(sampled_compression(rows, "absent"), Compression::SNAPPY);
+        let mut buf = Vec::new();
+        let props = bronze_writer_properties_for(["event_id", "order_id", "note"], rows);
+        let mut w = ArrowWriter::try_new(&mut buf, schema.clone(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let meta = deltalake::parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes::Bytes::from(buf))
+            .unwrap();
+        let rg = meta.row_group(0);
+        let got: Vec<Compression> = (0..3).map(|c| rg.column(c).compression()).collect();
+        assert_eq!(
+            got,
+            [
+                Compression::SNAPPY,
+                Compression::UNCOMPRESSED,
+                Compression::SNAPPY
+            ]
+        );
     }
 
     /// Removes in the newest checkpoint of a table after 12 appends, a compaction of
