@@ -24,6 +24,8 @@ pub enum ColumnError {
     },
     #[error("column {0} does not exist in a result of {1} columns")]
     OutOfRange(usize, usize),
+    #[error("a column of {n} copies of a {len}-byte string exceeds Arrow's 2 GiB string offsets")]
+    TooLong { len: usize, n: usize },
     #[error("column {name}: {source}")]
     Cast {
         name: String,
@@ -46,6 +48,35 @@ fn wrong(name: &str, c: &dyn Array, expected: &'static str) -> ColumnError {
         found: c.data_type().clone(),
         expected,
     }
+}
+
+/// `value` repeated `n` times: the values buffer and offsets built at once, not from a
+/// `Vec` of `n` slices (the stamp columns of every decoded file — its path, partition —
+/// are this).
+pub fn repeated_str(value: &str, n: usize) -> Result<StringArray> {
+    let len = value.len();
+    let too_long = || ColumnError::TooLong { len, n };
+    let total = len
+        .checked_mul(n)
+        .filter(|t| i32::try_from(*t).is_ok())
+        .ok_or_else(too_long)?;
+    let step = i32::try_from(len).map_err(|_| too_long())?;
+    let offsets: Vec<i32> = std::iter::successors(Some(0i32), |o| Some(o + step))
+        .take(n + 1)
+        .collect();
+    let mut values = Vec::with_capacity(total);
+    for _ in 0..n {
+        values.extend_from_slice(value.as_bytes());
+    }
+    StringArray::try_new(
+        arrow::buffer::OffsetBuffer::new(offsets.into()),
+        values.into(),
+        None,
+    )
+    .map_err(|source| ColumnError::Cast {
+        name: "repeated".into(),
+        source,
+    })
 }
 
 /// Event times of a bronze batch (micros, UTC).
@@ -202,6 +233,19 @@ mod tests {
         assert!(matches!(
             int64_at(&b, 3),
             Err(ColumnError::OutOfRange(3, 3))
+        ));
+    }
+
+    /// A repeated string equals the array built from `n` slices, for empty strings and
+    /// no rows too; one whose offsets would pass 2 GiB is an error, not a panic.
+    #[test]
+    fn repeated_strings_equal_the_array_of_slices() {
+        for (v, n) in [("orders/p=1/f.ndjson", 5), ("", 3), ("x", 0), ("é", 2)] {
+            assert_eq!(repeated_str(v, n).unwrap(), StringArray::from(vec![v; n]));
+        }
+        assert!(matches!(
+            repeated_str("abcd", 1 << 30),
+            Err(ColumnError::TooLong { len: 4, .. })
         ));
     }
 }

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, Date32Builder, Int64Array, Int64Builder, RecordBatch, StringArray, StringBuilder,
+    ArrayRef, Date32Builder, Int64Array, Int64Builder, RecordBatch, StringBuilder,
     TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
 use chrono::{DateTime, Utc};
@@ -360,14 +360,11 @@ impl RowAssembler {
             });
         }
         arrays.push(Arc::new(self.event_date.finish()));
-        arrays.push(Arc::new(StringArray::from(vec![ctx.partition.as_str(); n])));
+        arrays.push(Arc::new(crate::columns::repeated_str(&ctx.partition, n)?));
         arrays.push(Arc::new(
             TimestampMicrosecondArray::from(vec![ctx.landed_at_us; n]).with_timezone("UTC"),
         ));
-        arrays.push(Arc::new(StringArray::from(vec![
-            ctx.source_file.as_str();
-            n
-        ])));
+        arrays.push(Arc::new(crate::columns::repeated_str(&ctx.source_file, n)?));
         arrays.push(Arc::new(self.lines.finish()));
         arrays.push(Arc::new(Int64Array::from(vec![ctx.batch_id; n])));
         arrays.push(Arc::new(
