@@ -135,8 +135,23 @@ pub async fn read_applied(
     keys: Option<(&str, &RecordBatch)>,
     target: &SchemaRef,
 ) -> Result<RecordBatch> {
+    let parts = read_applied_parts(ctx, name, ranges, applied, keys, target).await?;
+    Ok(concat_batches(target, &parts)?)
+}
+
+/// [`read_applied`] as the batches the read produced, each conformed to `target`, not
+/// concatenated: for a caller that copies the rows once more anyway (a recompute takes
+/// the rows of its windows out of them).
+pub async fn read_applied_parts(
+    ctx: Option<&SessionContext>,
+    name: &str,
+    ranges: &[(Micros, Micros)],
+    applied: Applied<'_>,
+    keys: Option<(&str, &RecordBatch)>,
+    target: &SchemaRef,
+) -> Result<Vec<RecordBatch>> {
     let Some(ctx) = ctx else {
-        return Ok(RecordBatch::new_empty(target.clone()));
+        return Ok(Vec::new());
     };
     let filter = in_ranges_upto(ranges, applied.upto);
     // Read the columns the cut-offs need too, then drop them again.
@@ -150,15 +165,31 @@ pub async fn read_applied(
         }
     }
     let wide = Arc::new(Schema::new(fields));
-    let rows = match keys {
-        Some((key, keys)) => read_keys(ctx, name, filter, key, keys, &wide).await?,
-        None => read(ctx, name, filter, &wide).await?,
+    let parts = match keys {
+        Some((key, keys)) => {
+            let what = keyed_what(name, &filter, key, keys);
+            let df = keyed(ctx, name, filter, key, keys)
+                .await
+                .map_err(|e| Error::query(&what, e))?;
+            collect_parts(df, &what, &wide).await?
+        }
+        None => {
+            let (what, df) = filtered(ctx, name, filter).await?;
+            collect_parts(df, &what, &wide).await?
+        }
     };
-    let rows = applied.retain(&rows)?;
-    if wide.fields().len() == target.fields().len() {
-        return Ok(rows);
-    }
-    conform(&rows, target)
+    let narrow = wide.fields().len() != target.fields().len();
+    parts
+        .iter()
+        .map(|p| {
+            let rows = applied.retain(p)?;
+            match narrow {
+                true => conform(&rows, target),
+                false => Ok(rows),
+            }
+        })
+        .filter(|r| r.as_ref().map_or(true, |b| b.num_rows() > 0))
+        .collect()
 }
 
 /// Run `filter` over table `name` of `ctx` and return one batch conformed to `target`
@@ -169,6 +200,12 @@ pub async fn read(
     filter: Expr,
     target: &SchemaRef,
 ) -> Result<RecordBatch> {
+    let (what, df) = filtered(ctx, name, filter).await?;
+    collect(df, &what, target).await
+}
+
+/// Table `name` of `ctx` filtered by `filter`, and how a read of it is named in errors.
+async fn filtered(ctx: &SessionContext, name: &str, filter: Expr) -> Result<(String, DataFrame)> {
     let what = format!("read {name} where {filter}");
     let df = ctx
         .table(name)
@@ -176,7 +213,7 @@ pub async fn read(
         .map_err(|e| Error::query(&what, e))?
         .filter(filter)
         .map_err(|e| Error::query(&what, e))?;
-    collect(df, &what, target).await
+    Ok((what, df))
 }
 
 /// Like [`read`], restricted to rows whose `key` column is one of `keys` (a batch made by
@@ -189,14 +226,18 @@ pub async fn read_keys(
     keys: &RecordBatch,
     target: &SchemaRef,
 ) -> Result<RecordBatch> {
-    let what = format!(
-        "read {name} where {filter} and {key} in {} keys",
-        keys.num_rows()
-    );
+    let what = keyed_what(name, &filter, key, keys);
     let df = keyed(ctx, name, filter, key, keys)
         .await
         .map_err(|e| Error::query(&what, e))?;
     collect(df, &what, target).await
+}
+
+fn keyed_what(name: &str, filter: &Expr, key: &str, keys: &RecordBatch) -> String {
+    format!(
+        "read {name} where {filter} and {key} in {} keys",
+        keys.num_rows()
+    )
 }
 
 /// The plan of [`read_keys`]. DataFusion hands the join's keys to the scan as a list
@@ -221,6 +262,12 @@ async fn keyed(
 }
 
 async fn collect(df: DataFrame, what: &str, target: &SchemaRef) -> Result<RecordBatch> {
+    let parts = collect_parts(df, what, target).await?;
+    Ok(concat_batches(target, &parts)?)
+}
+
+/// `df`'s batches, each conformed to `target` (in the order the plan produced them).
+async fn collect_parts(df: DataFrame, what: &str, target: &SchemaRef) -> Result<Vec<RecordBatch>> {
     let t = std::time::Instant::now();
     let r = collect_inner(df, what, target).await;
     crate::sink::timings::record(
@@ -230,7 +277,7 @@ async fn collect(df: DataFrame, what: &str, target: &SchemaRef) -> Result<Record
     r
 }
 
-async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<RecordBatch> {
+async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<Vec<RecordBatch>> {
     let names: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
     let df = df
         .select_columns(&names)
@@ -240,11 +287,11 @@ async fn collect_inner(df: DataFrame, what: &str, target: &SchemaRef) -> Result<
     } else {
         df.collect().await.map_err(|e| Error::query(what, e))?
     };
-    let conformed = batches
+    batches
         .iter()
+        .filter(|b| b.num_rows() > 0)
         .map(|b| conform(b, target))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(concat_batches(target, &conformed)?)
+        .collect()
 }
 
 /// `df` collected, then its plan with each operator's metrics (files, row groups pruned

@@ -378,12 +378,14 @@ impl Operator for Windowed {
                     ranges.push((lo, a));
                     ranges = agg::merge_ranges(ranges);
                 }
-                let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
+                let rows =
+                    recompute_parts(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
                 let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
                 let assigned =
-                    agg::assign_windows(&mut enc, window, &rows, &mut touched, advanced)?;
+                    agg::assign_windows_in(&mut enc, window, &rows, &mut touched, advanced)?;
                 let assign_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms;
-                let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, false).await?;
+                let (agg_schema, out) =
+                    agg::aggregate_parts(assigned, keys, aggregates, false).await?;
                 info!(
                     job = %spec.name,
                     read_new_ms,
@@ -391,7 +393,7 @@ impl Operator for Windowed {
                     read_ms,
                     assign_ms,
                     aggregate_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms - assign_ms,
-                    rows = rows.num_rows(),
+                    rows = rows.iter().map(|r| r.num_rows()).sum::<usize>(),
                     "windows recomputed"
                 );
                 let gold_schema = agg::gold_schema(&agg_schema, keys, false);
@@ -745,21 +747,42 @@ async fn recompute_rows(
     cutoffs: &[Cutoff],
     applied: &RecordBatch,
 ) -> Result<RecordBatch> {
+    match recompute_parts(ctx, ranges, older, cutoffs, applied)
+        .await?
+        .as_slice()
+    {
+        [one] => Ok(one.clone()),
+        parts => Ok(arrow::compute::concat_batches(&applied.schema(), parts)?),
+    }
+}
+
+/// The rows of a recompute — the applied bronze rows of `ranges` from ingestion batches up
+/// to `older` (as the read produced them), then `applied` — not concatenated: window
+/// assignment takes each batch's rows of the touched windows ([`agg::assign_windows_in`]).
+async fn recompute_parts(
+    ctx: Option<&SessionContext>,
+    ranges: &[(Micros, Micros)],
+    older: i64,
+    cutoffs: &[Cutoff],
+    applied: &RecordBatch,
+) -> Result<Vec<RecordBatch>> {
     let (Some(ctx), false) = (ctx, ranges.is_empty()) else {
-        return Ok(applied.clone());
+        return Ok(vec![applied.clone()]);
     };
-    let schema = applied.schema();
-    let upto = older;
-    let old = read::read_applied(
+    let mut parts = read::read_applied_parts(
         Some(ctx),
         "bronze",
         ranges,
-        read::Applied { upto, cutoffs },
+        read::Applied {
+            upto: older,
+            cutoffs,
+        },
         None,
-        &schema,
+        &applied.schema(),
     )
     .await?;
-    Ok(arrow::compute::concat_batches(&schema, [&old, applied])?)
+    parts.push(applied.clone());
+    Ok(parts)
 }
 
 #[cfg(test)]
