@@ -118,10 +118,7 @@ impl RangeReader<'_> {
                 self.buf = b;
                 Ok(())
             }
-            Ok(Err(found)) => Err(Failure::Changed(format!(
-                "file changed while being processed ({} bytes planned, {found} found)",
-                l.size
-            ))),
+            Ok(Err(found)) => Err(Failure::Changed(changed_size(l.size, found))),
             Err(object_store::Error::Precondition { .. }) => Err(Failure::Changed(
                 "file changed while being processed (its e-tag is not the one planned)".into(),
             )),
@@ -169,8 +166,8 @@ const KEPT_BUFFERS: usize = 8;
 
 /// Read buffers free for the next local file read whole ([`Whole::decode`]). A pool
 /// rather than one per thread: tokio's blocking pool runs the decodes on whichever of
-/// its threads is free, and a buffer per thread that ever decoded held 70–80 MB more at
-/// the peak of a 5M-event run than the pool does.
+/// its threads is free, and a buffer per thread that ever decoded held 70–110 MB more
+/// at the peak of a 5M-event run than the pool does.
 static READ_BUFFERS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
 /// A buffer of at least `len` bytes from the pool (or a new one).
@@ -231,6 +228,7 @@ pub async fn fetch_whole(
     }
 }
 
+/// Why a file whose size is no longer the one planned is rejected.
 fn changed_size(planned: u64, found: u64) -> String {
     format!("file changed while being processed ({planned} bytes planned, {found} found)")
 }
