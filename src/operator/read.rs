@@ -167,10 +167,7 @@ pub async fn read_applied_parts(
     let wide = Arc::new(Schema::new(fields));
     let parts = match keys {
         Some((key, keys)) => {
-            let what = keyed_what(name, &filter, key, keys);
-            let df = keyed(ctx, name, filter, key, keys)
-                .await
-                .map_err(|e| Error::query(&what, e))?;
+            let (what, df) = keyed_read(ctx, name, filter, key, keys).await?;
             collect_parts(df, &what, &wide).await?
         }
         None => {
@@ -226,18 +223,26 @@ pub async fn read_keys(
     keys: &RecordBatch,
     target: &SchemaRef,
 ) -> Result<RecordBatch> {
-    let what = keyed_what(name, &filter, key, keys);
-    let df = keyed(ctx, name, filter, key, keys)
-        .await
-        .map_err(|e| Error::query(&what, e))?;
+    let (what, df) = keyed_read(ctx, name, filter, key, keys).await?;
     collect(df, &what, target).await
 }
 
-fn keyed_what(name: &str, filter: &Expr, key: &str, keys: &RecordBatch) -> String {
-    format!(
+/// [`keyed`], and how a read of it is named in errors.
+async fn keyed_read(
+    ctx: &SessionContext,
+    name: &str,
+    filter: Expr,
+    key: &str,
+    keys: &RecordBatch,
+) -> Result<(String, DataFrame)> {
+    let what = format!(
         "read {name} where {filter} and {key} in {} keys",
         keys.num_rows()
-    )
+    );
+    let df = keyed(ctx, name, filter, key, keys)
+        .await
+        .map_err(|e| Error::query(&what, e))?;
+    Ok((what, df))
 }
 
 /// The plan of [`read_keys`]. DataFusion hands the join's keys to the scan as a list

@@ -532,11 +532,6 @@ pub const ID_SNAPPY_MIN_SAVING: f64 = 0.2;
 /// come from).
 const ID_SAMPLE_BYTES: usize = 64 << 10;
 
-/// How bronze compresses `event_id` in a write of `rows` ([`sampled_compression`]).
-pub fn id_compression(rows: &[RecordBatch]) -> Compression {
-    sampled_compression(rows, "event_id")
-}
-
 /// How bronze compresses the string `column` in a write of `rows`: Snappy when it saves
 /// at least [`ID_SNAPPY_MIN_SAVING`] on the first 64 KiB of its values as Parquet lays
 /// them out (plain, each behind its length), else not at all. Taken for the columns
@@ -1268,7 +1263,6 @@ mod tests {
     #[test]
     fn event_ids_are_compressed_only_when_it_pays() {
         use arrow::array::StringArray;
-        use deltalake::parquet::arrow::ArrowWriter;
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new("sku", DataType::Utf8, true),
@@ -1304,34 +1298,45 @@ mod tests {
                 .collect(),
         );
         assert_eq!(
-            id_compression(std::slice::from_ref(&uuids)),
+            sampled_compression(std::slice::from_ref(&uuids), "event_id"),
             Compression::UNCOMPRESSED
         );
         assert_eq!(
-            id_compression(std::slice::from_ref(&counters)),
+            sampled_compression(std::slice::from_ref(&counters), "event_id"),
             Compression::SNAPPY
         );
         assert_eq!(
-            id_compression(std::slice::from_ref(&ulid_like)),
+            sampled_compression(std::slice::from_ref(&ulid_like), "event_id"),
             Compression::SNAPPY
         );
         assert_eq!(
-            id_compression(&[]),
+            sampled_compression(&[], "event_id"),
             Compression::SNAPPY,
             "nothing to judge by"
         );
         // The choice reaches the file: event_id's chunk uncompressed, sku's compressed.
-        let mut buf = Vec::new();
         let props = bronze_writer_properties_for(["event_id", "sku"], std::slice::from_ref(&uuids));
-        let mut w = ArrowWriter::try_new(&mut buf, schema.clone(), Some(props)).unwrap();
-        w.write(&uuids).unwrap();
+        assert_eq!(
+            written_compressions(&uuids, props),
+            [Compression::UNCOMPRESSED, Compression::SNAPPY]
+        );
+    }
+
+    /// The compression of each column chunk of `batch` written with `props`.
+    fn written_compressions(batch: &RecordBatch, props: WriterProperties) -> Vec<Compression> {
+        let mut buf = Vec::new();
+        let mut w =
+            deltalake::parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))
+                .unwrap();
+        w.write(batch).unwrap();
         w.close().unwrap();
         let meta = deltalake::parquet::file::metadata::ParquetMetaDataReader::new()
             .parse_and_finish(&bytes::Bytes::from(buf))
             .unwrap();
         let rg = meta.row_group(0);
-        assert_eq!(rg.column(0).compression(), Compression::UNCOMPRESSED);
-        assert_eq!(rg.column(1).compression(), Compression::SNAPPY);
+        (0..rg.num_columns())
+            .map(|c| rg.column(c).compression())
+            .collect()
     }
 
     /// The lookup keys' compression is chosen the same way as event_id's, column by
@@ -1340,7 +1345,6 @@ mod tests {
     #[test]
     fn lookup_keys_are_compressed_only_when_it_pays() {
         use arrow::array::StringArray;
-        use deltalake::parquet::arrow::ArrowWriter;
         let schema = Arc::new(Schema::new(vec![
             Field::new("event_id", DataType::Utf8, true),
             Field::new("order_id", DataType::Utf8, true),
@@ -1365,18 +1369,9 @@ mod tests {
             Compression::UNCOMPRESSED
         );
         assert_eq!(sampled_compression(rows, "absent"), Compression::SNAPPY);
-        let mut buf = Vec::new();
         let props = bronze_writer_properties_for(["event_id", "order_id", "note"], rows);
-        let mut w = ArrowWriter::try_new(&mut buf, schema.clone(), Some(props)).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-        let meta = deltalake::parquet::file::metadata::ParquetMetaDataReader::new()
-            .parse_and_finish(&bytes::Bytes::from(buf))
-            .unwrap();
-        let rg = meta.row_group(0);
-        let got: Vec<Compression> = (0..3).map(|c| rg.column(c).compression()).collect();
         assert_eq!(
-            got,
+            written_compressions(&batch, props),
             [
                 Compression::SNAPPY,
                 Compression::UNCOMPRESSED,

@@ -321,6 +321,25 @@ mod tests {
         }
     }
 
+    /// The rows, rejects and record count of a file decoded whole (a file rejected whole
+    /// fails the test).
+    fn rows_of(
+        d: Decoded,
+    ) -> (
+        Option<arrow::array::RecordBatch>,
+        Vec<super::super::decode::Rejected>,
+        usize,
+    ) {
+        match d {
+            Decoded::Rows {
+                batch,
+                rejects,
+                records,
+            } => (batch, rejects, records),
+            other => panic!("rejected whole: {other:?}"),
+        }
+    }
+
     fn line(i: usize) -> String {
         format!(
             r#"{{"event_id":"e{i}","event_ts":"2025-11-24T10:00:00Z","order_id":"o{i}","sku":"s","quantity":1,"amount_cents":{i}}}"#
@@ -362,21 +381,7 @@ mod tests {
             decode_in_ranges(landed, Format::Ndjson, &orders(), &ctx(), rt.handle()).unwrap();
         let whole =
             super::super::decode::decode_ndjson(text.as_bytes(), &orders(), &ctx()).unwrap();
-        let (
-            Decoded::Rows {
-                batch: b1,
-                rejects: r1,
-                records: n1,
-            },
-            Decoded::Rows {
-                batch: b2,
-                rejects: r2,
-                records: n2,
-            },
-        ) = (ranged, whole)
-        else {
-            panic!("rejected whole")
-        };
+        let ((b1, r1, n1), (b2, r2, n2)) = (rows_of(ranged), rows_of(whole));
         assert_eq!((n1, n1), (n2, i + 3));
         assert_eq!(r1, r2);
         assert_eq!(r1.len(), 2);
@@ -466,25 +471,10 @@ mod tests {
                     .unwrap();
                 let want = super::super::decode::decode_ndjson(body.as_bytes(), &orders(), &ctx())
                     .unwrap();
-                match (got, want) {
-                    (
-                        Decoded::Rows {
-                            batch: b1,
-                            rejects: r1,
-                            records: n1,
-                        },
-                        Decoded::Rows {
-                            batch: b2,
-                            rejects: r2,
-                            records: n2,
-                        },
-                    ) => {
-                        assert_eq!((n1, &r1, &b1), (n2, &r2, &b2), "{name}");
-                        assert_eq!(n1, lines + 1);
-                        assert_eq!(b1.unwrap().num_rows(), lines);
-                    }
-                    other => panic!("{name}: {other:?}"),
-                }
+                let (got, want) = (rows_of(got), rows_of(want));
+                assert_eq!(got, want, "{name}");
+                assert_eq!(got.2, lines + 1);
+                assert_eq!(got.0.map(|b| b.num_rows()), Some(lines));
             }
         }
         // Planned larger than it is now: changed; planned but gone: disappeared.
