@@ -75,12 +75,9 @@ impl FreshRows {
         }
     }
 
-    /// Whether a batch of `rows` is small enough to hold ([`HOLD_BYTES`]).
-    pub fn would_hold(&self, rows: &[RecordBatch]) -> bool {
-        rows.iter()
-            .map(|b| b.get_array_memory_size())
-            .sum::<usize>()
-            <= HOLD_BYTES
+    /// Whether a batch whose rows take `bytes` is small enough to hold ([`HOLD_BYTES`]).
+    pub fn would_hold(&self, bytes: usize) -> bool {
+        bytes <= HOLD_BYTES
     }
 
     /// Drop `source`'s held rows (its next ingestion batch is starting).
@@ -201,16 +198,23 @@ mod tests {
         assert!(f.take("orders", &input(2, 3)).is_none());
     }
 
+    /// Held or not by the memory the kept rows would take: a batch over the limit whose
+    /// mask keeps half its rows is held.
     #[test]
     fn only_small_batches_are_held() {
+        use crate::sink::delta::kept_bytes;
         let f = FreshRows::default();
-        assert!(f.would_hold(&rows(1)));
-        let big = arrow::array::Int64Array::from(vec![0i64; HOLD_BYTES / 8 + 1]);
+        let small: Vec<_> = rows(1).into_iter().map(|b| (b, None)).collect();
+        assert!(f.would_hold(kept_bytes(&small)));
+        let n = HOLD_BYTES / 8 + 1;
+        let big = arrow::array::Int64Array::from(vec![0i64; n]);
         let schema = Arc::new(arrow::datatypes::Schema::new(vec![
             arrow::datatypes::Field::new("x", arrow::datatypes::DataType::Int64, false),
         ]));
         let b = RecordBatch::try_new(schema, vec![Arc::new(big)]).unwrap();
-        assert!(!f.would_hold(&[b]));
+        assert!(!f.would_hold(kept_bytes(&[(b.clone(), None)])));
+        let half = arrow::array::BooleanArray::from((0..n).map(|i| i % 2 == 0).collect::<Vec<_>>());
+        assert!(f.would_hold(kept_bytes(&[(b, Some(half))])));
     }
 
     #[test]

@@ -20,8 +20,7 @@ use std::time::Instant;
 
 use crate::time::clock::Clock;
 use crate::time::Micros;
-use arrow::array::{Array, AsArray, BooleanArray, Date32Array, RecordBatch};
-use arrow::compute::filter_record_batch;
+use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use arrow::datatypes::Date32Type;
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -720,16 +719,20 @@ impl Ingestor {
                         .lock()
                         .map_err(|_| Error::Poisoned("the dedup set cache"))?;
                     match g.get_mut(source) {
-                        Some(set) => Ok(dedup_in_memory(batches, schema, set)?),
-                        None => Err(batches),
+                        Some(set) => Some(dedup_in_memory(&batches, schema, set)?),
+                        None => None,
                     }
                 };
-                let deduped = match cached {
-                    Ok(d) => d,
-                    Err(batches) => dedup(batches, &bronze, schema, n).await?,
+                let masks = match cached {
+                    Some(m) => m,
+                    None => dedup(&batches, &bronze, schema, n).await?,
                 };
-                let written = deduped.iter().map(|b| b.num_rows() as i64).sum();
-                (Bronze::Rows(deduped), valid, written)
+                let parts: Vec<delta::Kept> = batches
+                    .into_iter()
+                    .zip(masks.into_iter().map(Some))
+                    .collect();
+                let written = delta::kept_count(&parts) as i64;
+                (Bronze::Kept(parts), valid, written)
             }
         };
         let dedup_ms = t_dedup.elapsed().as_millis() as u64;
@@ -748,24 +751,30 @@ impl Ingestor {
             );
         } else if rows_written > 0 {
             let t = match deduped {
-                Bronze::Rows(rows) => {
-                    // Encoded on every core, committed in one append with the txn (as
-                    // the cluster's write tasks' files are).
+                Bronze::Kept(parts) => {
+                    // The kept rows copied and encoded on every core, committed in one
+                    // append with the txn (as the cluster's write tasks' files are).
                     let props = delta::bronze_writer_properties_for(
                         schema.bronze.fields().iter().map(|f| f.name().as_str()),
-                        &rows,
+                        &parts,
                     );
                     let writers = std::thread::available_parallelism().map_or(2, |n| n.get());
-                    if self.fresh.as_ref().is_some_and(|f| f.would_hold(&rows)) {
-                        handed = Some(rows.clone());
+                    let hold = self
+                        .fresh
+                        .as_ref()
+                        .is_some_and(|f| f.would_hold(delta::kept_bytes(&parts)));
+                    let cut = Some(schema.bronze.index_of(EVENT_DATE)?);
+                    let written =
+                        delta::write_kept(&bronze, parts, cut, props, writers, hold).await?;
+                    if hold {
+                        handed = Some(written.rows);
                     }
-                    let adds = delta::write_files(&bronze, rows, props, writers).await?;
-                    delta::commit_adds(bronze, adds, &app, n).await?
+                    delta::commit_adds(bronze, written.adds, &app, n).await?
                 }
                 Bronze::Written(adds) => delta::commit_adds(bronze, adds, &app, n).await?,
             };
             bronze_version = t.version().map(|v| v as i64);
-        } else if matches!(deduped, Bronze::Rows(_)) {
+        } else if matches!(deduped, Bronze::Kept(_)) {
             handed = Some(Vec::new());
         }
         fault::point("after_bronze");
@@ -929,9 +938,10 @@ pub(crate) async fn decode_planned(
     Ok(Some(decoded))
 }
 
-/// A batch's deduplicated rows: to write, or written by a cluster (to commit).
+/// A batch's deduplicated rows: to write (the decoded batches and the rows of each
+/// that dedup keeps), or written by a cluster (to commit).
 enum Bronze {
-    Rows(Vec<RecordBatch>),
+    Kept(Vec<delta::Kept>),
     Written(Vec<deltalake::kernel::Add>),
 }
 
@@ -958,18 +968,18 @@ fn progress(len: u64, label: &str) -> ProgressBar {
     bar
 }
 
-/// Remove duplicate event_ids against an in-memory set (first occurrence within the
-/// batch wins, then anything the set holds), and add the kept ids to it with their
-/// arrival times.
+/// Which rows of `batches` are not duplicate event_ids by an in-memory set (first
+/// occurrence within the batch wins, then anything the set holds): a mask per batch.
+/// Adds the kept ids to the set with their arrival times.
 fn dedup_in_memory(
-    batches: Vec<RecordBatch>,
+    batches: &[RecordBatch],
     schema: &SourceSchema,
     set: &mut DedupSet,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<Vec<BooleanArray>> {
     let id_idx = schema.event_id_index();
     let landed_idx = schema.bronze.index_of("_landed_at")?;
     let mut masks = Vec::with_capacity(batches.len());
-    for b in &batches {
+    for b in batches {
         let ids = b.column(id_idx).as_string::<i32>();
         let landed = b
             .column(landed_idx)
@@ -990,7 +1000,7 @@ fn dedup_in_memory(
             .collect();
         masks.push(mask);
     }
-    keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
+    Ok(masks)
 }
 
 /// The event ids bronze already holds in the touched event `dates` (rows of batch `n`
@@ -1018,21 +1028,22 @@ async fn existing_ids(
     Ok(found.ids)
 }
 
-/// Remove duplicate event_ids: first occurrence within the batch wins, then anything
-/// already in bronze for the touched event dates (rows of batch `n` itself excepted, so a
-/// replay computes the same result).
+/// Which rows of `batches` are not duplicate event_ids (a mask per batch): first
+/// occurrence within the batch wins, then anything already in bronze for the touched
+/// event dates (rows of batch `n` itself excepted, so a replay computes the same
+/// result).
 async fn dedup(
-    batches: Vec<RecordBatch>,
+    batches: &[RecordBatch],
     bronze: &deltalake::DeltaTable,
     schema: &SourceSchema,
     n: i64,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<Vec<BooleanArray>> {
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut dates = BTreeSet::new();
-    for b in &batches {
+    for b in batches {
         event_dates(b, date_idx, &mut dates);
     }
-    dedup_in_dates(batches, bronze, schema, n, &dates).await
+    dedup_masks(batches, bronze, schema, n, &dates).await
 }
 
 /// Add the event dates (days since the epoch) in `b`'s `event_date` column at `idx` to
@@ -1043,23 +1054,26 @@ pub(crate) fn event_dates(b: &RecordBatch, idx: usize, into: &mut BTreeSet<i32>)
 }
 
 /// [`dedup`] of some of a batch's rows (`batches`, in plan order) against bronze in the
-/// event `dates` the whole batch touches: a cluster's write task holds one hash
-/// partition of the batch ([`crate::engine::ingest`]).
-pub(crate) async fn dedup_in_dates(
-    batches: Vec<RecordBatch>,
+/// event `dates` the whole batch touches (all of them, or one hash partition of a
+/// cluster's batch, [`crate::engine::ingest`]).
+pub(crate) async fn dedup_masks(
+    batches: &[RecordBatch],
     bronze: &deltalake::DeltaTable,
     schema: &SourceSchema,
     n: i64,
     dates: &BTreeSet<i32>,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<Vec<BooleanArray>> {
     let id_idx = schema.event_id_index();
     if batches.iter().all(|b| b.num_rows() == 0) {
-        return Ok(Vec::new());
+        return Ok(batches
+            .iter()
+            .map(|b| BooleanArray::from(vec![true; b.num_rows()]))
+            .collect());
     }
     // First occurrence within the batch; the distinct ids are then what the probe asks
     // bronze about (one pass over the batch's ids, not two).
     let probing = bronze.version().unwrap_or(0) > 0;
-    let (mut masks, hashes, range) = first_seen(&batches, id_idx, probing);
+    let (mut masks, hashes, range) = first_seen(batches, id_idx, probing);
     if let (true, Some((lo, hi))) = (probing, range) {
         let incoming = probe::Incoming::with(hashes, lo, hi);
         // Ids bronze holds whose hash is an incoming one's; compared exactly below.
@@ -1077,7 +1091,7 @@ pub(crate) async fn dedup_in_dates(
             }
         }
     }
-    keep_rows(batches, masks, schema.bronze.index_of(EVENT_DATE)?)
+    Ok(masks)
 }
 
 /// A batch's ids from which [`first_seen`] splits its work over threads; below it, one.
@@ -1169,55 +1183,10 @@ fn first_seen(
     (masks, hashes, range)
 }
 
-/// `batches` with only the rows their `masks` keep, each cut by its `event_date` (column
-/// `date_idx`): one output batch per batch and date, rows in order within it (batches
-/// left empty are dropped; a batch of one date whose mask keeps everything is passed on,
-/// not copied). A batch of one date each is what bronze's writers encode without copying
-/// the rows once more ([`delta::one_partition`]): delta-rs's split by partition value
-/// copies every row of a batch, one date or several, so cutting here while the kept rows
-/// are copied anyway leaves a row copied once between decode and Parquet, not twice.
-/// One batch at a time, so a batch's input is freed as its copy is made. (Spreading the
-/// copying over the blocking threads saved ≈ 0.1 s per million rows but raised the
-/// throughput bench's peak RSS from ≈ 0.8 to 0.85–1.1 GiB: glibc keeps what those
-/// threads free in their own arenas.)
-fn keep_rows(
-    batches: Vec<RecordBatch>,
-    masks: Vec<BooleanArray>,
-    date_idx: usize,
-) -> Result<Vec<RecordBatch>> {
-    let mut out = Vec::with_capacity(batches.len());
-    for (b, m) in batches.into_iter().zip(masks) {
-        let dates = b.column(date_idx).as_primitive::<Date32Type>();
-        let (lo, hi) = (arrow::compute::min(dates), arrow::compute::max(dates));
-        // Several dates (and no nulls, which a comparison would drop): one batch a date.
-        if dates.null_count() == 0 && lo != hi {
-            let mut each = BTreeSet::new();
-            each.extend(dates.values().iter().copied());
-            for d in each {
-                let on = arrow::compute::kernels::cmp::eq(dates, &Date32Array::new_scalar(d))?;
-                let f = filter_record_batch(&b, &arrow::compute::and(&m, &on)?)?;
-                if f.num_rows() > 0 {
-                    out.push(f);
-                }
-            }
-            continue;
-        }
-        if m.true_count() == b.num_rows() {
-            out.push(b);
-            continue;
-        }
-        let f = filter_record_batch(&b, &m)?;
-        if f.num_rows() > 0 {
-            out.push(f);
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int64Array, StringArray};
+    use arrow::array::StringArray;
     use arrow::datatypes::{DataType, Field, Schema};
 
     /// The first occurrence of each id wins, whether the ids are split over threads (a
@@ -1292,104 +1261,5 @@ mod tests {
             .collect();
         assert_eq!(got, expect[..1]);
         assert!(hashes.is_empty());
-    }
-
-    /// The rows kept are the rows the masks keep, in order within each batch and event
-    /// date, a batch of several dates cut into one batch a date (in date order), with
-    /// empty batches dropped and a whole batch of one date passed on uncopied.
-    #[test]
-    fn kept_rows_are_the_masks_rows_in_order_one_date_a_batch() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("n", DataType::Int64, false),
-            Field::new("s", DataType::Utf8, false),
-            Field::new("d", DataType::Date32, false),
-        ]));
-        let mut batches = Vec::new();
-        let mut masks = Vec::new();
-        let mut next = 0i64;
-        // 9 batches of 20k rows: every 7th row dropped, batch 4 dropped whole, batch 6
-        // kept whole; batches 2 and 5 hold two dates (every third row a day earlier),
-        // batch 8 two dates and every row kept.
-        let date = |b: i64, v: i64| {
-            if [2, 5, 8].contains(&b) && v % 3 == 0 {
-                20_000
-            } else {
-                20_001
-            }
-        };
-        let keeps = |b: i64, v: i64| b != 4 && (b == 6 || b == 8 || v % 7 != 0);
-        for b in 0..9 {
-            let n: Vec<i64> = (next..next + 20_000).collect();
-            next += 20_000;
-            let s: Vec<String> = n.iter().map(|v| format!("id-{v}")).collect();
-            let d: Vec<i32> = n.iter().map(|v| date(b, *v)).collect();
-            batches.push(
-                RecordBatch::try_new(
-                    schema.clone(),
-                    vec![
-                        Arc::new(Int64Array::from(n.clone())),
-                        Arc::new(StringArray::from(s)),
-                        Arc::new(Date32Array::from(d)),
-                    ],
-                )
-                .unwrap(),
-            );
-            masks.push(BooleanArray::from(
-                n.iter().map(|v| keeps(b, *v)).collect::<Vec<_>>(),
-            ));
-        }
-        let whole = batches[6].column(1).clone();
-        let mut expected = Vec::new();
-        for b in 0..9 {
-            for d in [20_000, 20_001] {
-                expected.extend(
-                    (b * 20_000..(b + 1) * 20_000).filter(|v| keeps(b, *v) && date(b, *v) == d),
-                );
-            }
-        }
-        let kept = keep_rows(batches, masks, 2).unwrap();
-        assert_eq!(
-            kept.len(),
-            11,
-            "the emptied batch is dropped, the three of two dates cut in two"
-        );
-        for b in &kept {
-            let d = b.column(2).as_primitive::<Date32Type>();
-            assert_eq!(
-                arrow::compute::min(d),
-                arrow::compute::max(d),
-                "one date a batch"
-            );
-        }
-        assert!(
-            kept.iter().any(|b| Arc::ptr_eq(b.column(1), &whole)),
-            "a whole batch of one date is not copied"
-        );
-        let got: Vec<i64> = kept
-            .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_primitive::<arrow::datatypes::Int64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .collect();
-        assert_eq!(got, expected);
-        let strings: Vec<String> = kept
-            .iter()
-            .flat_map(|b| {
-                let s = b.column(1).as_string::<i32>();
-                (0..s.len())
-                    .map(|i| s.value(i).to_string())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert_eq!(
-            strings,
-            expected
-                .iter()
-                .map(|v| format!("id-{v}"))
-                .collect::<Vec<_>>()
-        );
     }
 }

@@ -1,7 +1,7 @@
 //! Delta tables in the warehouse: open or create, read the application-transaction
 //! version, append with a transaction, query with DataFusion.
 
-use arrow::array::RecordBatch;
+use arrow::array::{BooleanArray, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::cache::cache_manager::{CacheManagerConfig, FileMetadataCache};
 use datafusion::execution::cache::default_cache::DefaultCache;
@@ -514,12 +514,12 @@ pub fn bronze_writer_properties<'a>(
     bronze_props(columns, |_| Compression::SNAPPY)
 }
 
-/// [`bronze_writer_properties`] for writing `rows`: `event_id` and the [`LOOKUP_KEYS`]
-/// compressed only when a sample of the rows' values shows it pays
+/// [`bronze_writer_properties`] for writing the rows `parts` keep: `event_id` and the
+/// [`LOOKUP_KEYS`] compressed only when a sample of the rows' values shows it pays
 /// ([`sampled_compression`]).
 pub fn bronze_writer_properties_for<'a>(
     columns: impl IntoIterator<Item = &'a str>,
-    rows: &[RecordBatch],
+    rows: &[Kept],
 ) -> WriterProperties {
     bronze_props(columns, |c| sampled_compression(rows, c))
 }
@@ -532,7 +532,8 @@ pub const ID_SNAPPY_MIN_SAVING: f64 = 0.2;
 /// come from).
 const ID_SAMPLE_BYTES: usize = 64 << 10;
 
-/// How bronze compresses the string `column` in a write of `rows`: Snappy when it saves
+/// How bronze compresses the string `column` in a write of the rows `parts` keep
+/// ([`write_kept`]): Snappy when it saves
 /// at least [`ID_SNAPPY_MIN_SAVING`] on the first 64 KiB of its values as Parquet lays
 /// them out (plain, each behind its length), else not at all. Taken for the columns
 /// written without a dictionary whose values are ids: `event_id` and the
@@ -545,17 +546,19 @@ const ID_SAMPLE_BYTES: usize = 64 << 10;
 /// `order_id` too (`ord-` + 32 random hex digits, `throughput-run`, two pairs): 487–518
 /// → 343–382 ms a batch, bronze 458 → 493 MB. Ids with shared prefixes (ULIDs, counters,
 /// `order-…`) compress by far more and keep Snappy.
-pub fn sampled_compression(rows: &[RecordBatch], column: &str) -> Compression {
-    use arrow::array::AsArray;
+pub fn sampled_compression(parts: &[Kept], column: &str) -> Compression {
+    use arrow::array::{Array, AsArray};
     let mut plain = Vec::with_capacity(ID_SAMPLE_BYTES + 1024);
-    'rows: for b in rows {
+    'rows: for (b, keep) in parts {
         let Some(values) = b.column_by_name(column) else {
             continue;
         };
         let Some(values) = values.as_string_opt::<i32>() else {
             continue;
         };
-        for v in values.iter().flatten() {
+        let kept = |i: usize| keep.as_ref().is_none_or(|k| k.value(i));
+        for v in (0..values.len()).filter(|i| kept(*i) && values.is_valid(*i)) {
+            let v = values.value(v);
             plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
             plain.extend_from_slice(v.as_bytes());
             if plain.len() >= ID_SAMPLE_BYTES {
@@ -731,11 +734,42 @@ pub async fn write_files(
     props: WriterProperties,
     writers: usize,
 ) -> Result<Vec<deltalake::kernel::Add>> {
+    let parts = batches.into_iter().map(|b| (b, None)).collect();
+    let written = write_kept(table, parts, None, props, writers, false).await?;
+    Ok(written.adds)
+}
+
+/// A batch to write and, when only some of its rows are to be written, which ones: a
+/// filter mask as long as the batch, without nulls.
+pub type Kept = (RecordBatch, Option<BooleanArray>);
+
+/// What [`write_kept`] wrote: the new files' add actions, and the rows written when the
+/// caller asked to hold them.
+pub struct Written {
+    pub adds: Vec<deltalake::kernel::Add>,
+    pub rows: Vec<RecordBatch>,
+}
+
+/// [`write_files`] of the rows `parts` keep, each writer copying the kept rows of a
+/// batch ([`kept_rows`], cut by the Date32 column at `cut` when given) just before it
+/// encodes them: the copy a filter makes is spread over the writers' cores and each
+/// copy is freed once encoded, where filtering every batch first took one core 160–320
+/// ms per 1.4M-row ingestion batch while the other waited (`throughput-run`, see the
+/// README). `hold`: return the written rows too, in order (a batch small enough to hand
+/// to this process's jobs, [`crate::operator::fresh`]).
+pub async fn write_kept(
+    table: &DeltaTable,
+    parts: Vec<Kept>,
+    cut: Option<usize>,
+    props: WriterProperties,
+    writers: usize,
+    hold: bool,
+) -> Result<Written> {
     let url = table.table_url().to_string();
     let t = std::time::Instant::now();
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let rows: usize = parts.iter().map(|(b, _)| b.num_rows()).sum();
     let writers = writers.clamp(1, (rows / ROWS_PER_WRITER).max(1));
-    let tasks: Vec<_> = split_rows(batches, rows.div_ceil(writers).max(1))
+    let tasks: Vec<_> = split_rows(parts, rows.div_ceil(writers).max(1))
         .into_iter()
         .map(|run| {
             let (table, props, url) = (table.clone(), props.clone(), url.clone());
@@ -744,35 +778,117 @@ pub async fn write_files(
                     .map_err(|e| Error::delta(&url, e))?
                     .with_writer_properties(props);
                 let partitions = partition_columns(&table)?;
-                for b in run {
-                    match one_partition(&b, &partitions)? {
-                        Some(values) => w
-                            .write_partition(b, &values, deltalake::writer::WriteMode::Default)
-                            .await
-                            .map(drop),
-                        None => deltalake::writer::DeltaWriter::write(&mut w, b).await,
+                let mut held = Vec::new();
+                for (b, keep) in run {
+                    for b in kept_rows(b, keep.as_ref(), cut)? {
+                        if hold {
+                            held.push(b.clone());
+                        }
+                        match one_partition(&b, &partitions)? {
+                            Some(values) => w
+                                .write_partition(b, &values, deltalake::writer::WriteMode::Default)
+                                .await
+                                .map(drop),
+                            None => deltalake::writer::DeltaWriter::write(&mut w, b).await,
+                        }
+                        .map_err(|e| Error::delta(&url, e))?;
                     }
-                    .map_err(|e| Error::delta(&url, e))?;
                 }
-                deltalake::writer::DeltaWriter::flush(&mut w)
+                let adds = deltalake::writer::DeltaWriter::flush(&mut w)
                     .await
-                    .map_err(|e| Error::delta(&url, e))
+                    .map_err(|e| Error::delta(&url, e))?;
+                Ok::<_, Error>((adds, held))
             })
         })
         .collect();
-    let mut adds = Vec::new();
+    let mut written = Written {
+        adds: Vec::new(),
+        rows: Vec::new(),
+    };
     for task in tasks {
-        let written = task.await.map_err(|source| Error::Task {
+        let (adds, rows) = task.await.map_err(|source| Error::Task {
             what: format!("a Parquet writer of {}", shown(url.clone())),
             source,
         })??;
-        adds.extend(written);
+        written.adds.extend(adds);
+        written.rows.extend(rows);
     }
     super::timings::record(
         format!("encode {}", super::timings::table_name(&url)),
         t.elapsed(),
     );
-    Ok(adds)
+    Ok(written)
+}
+
+/// The rows of `batch` that `keep` keeps (all without it), as batches of one value of
+/// the Date32 column at `cut` each when given (bronze's `event_date`): rows in order
+/// within a batch, none empty, and a batch of one date whose rows are all kept passed
+/// on, not copied. A batch of one date is what [`write_kept`]'s writers encode without
+/// copying the rows once more ([`one_partition`]): delta-rs's split by partition value
+/// copies every row of a batch, one date or several, so cutting here while the kept
+/// rows are copied anyway leaves a row copied once between decode and Parquet, not
+/// twice.
+pub fn kept_rows(
+    batch: RecordBatch,
+    keep: Option<&BooleanArray>,
+    cut: Option<usize>,
+) -> Result<Vec<RecordBatch>> {
+    use arrow::array::{Array, AsArray, Date32Array};
+    use arrow::compute::filter_record_batch;
+    use arrow::datatypes::Date32Type;
+    let dates = cut.and_then(|c| batch.column(c).as_primitive_opt::<Date32Type>());
+    if let Some(dates) = dates {
+        let (lo, hi) = (arrow::compute::min(dates), arrow::compute::max(dates));
+        // Several dates (and no nulls, which a comparison would drop): one batch a date.
+        if dates.null_count() == 0 && lo != hi {
+            let mut each = std::collections::BTreeSet::new();
+            each.extend(dates.values().iter().copied());
+            let mut out = Vec::with_capacity(each.len());
+            for d in each {
+                let on = arrow::compute::kernels::cmp::eq(dates, &Date32Array::new_scalar(d))?;
+                let on = match keep {
+                    Some(k) => arrow::compute::and(k, &on)?,
+                    None => on,
+                };
+                let f = filter_record_batch(&batch, &on)?;
+                if f.num_rows() > 0 {
+                    out.push(f);
+                }
+            }
+            return Ok(out);
+        }
+    }
+    let kept = match keep {
+        Some(k) if k.true_count() < batch.num_rows() => filter_record_batch(&batch, k)?,
+        _ => batch,
+    };
+    Ok(match kept.num_rows() {
+        0 => Vec::new(),
+        _ => vec![kept],
+    })
+}
+
+/// Rows `parts` keep.
+pub fn kept_count(parts: &[Kept]) -> usize {
+    parts
+        .iter()
+        .map(|(b, k)| k.as_ref().map_or(b.num_rows(), |k| k.true_count()))
+        .sum()
+}
+
+/// The memory the rows `parts` keep would take once copied: each batch's share of its
+/// kept rows (a batch's arrays may hold more than its rows, as builders leave them).
+pub fn kept_bytes(parts: &[Kept]) -> usize {
+    parts
+        .iter()
+        .map(|(b, k)| {
+            let all = b.get_array_memory_size();
+            match k {
+                Some(k) if !k.is_empty() => all / k.len() * k.true_count(),
+                _ => all,
+            }
+        })
+        .sum()
 }
 
 /// The partition values of `batch` when all its rows share them (and none is null), for a
@@ -855,12 +971,12 @@ pub async fn write_clustered(
     Ok(written.into_iter().flatten().collect())
 }
 
-/// `batches` cut into consecutive runs of `per_run` rows (the last may be shorter),
-/// slicing batches where a run ends; no rows are copied.
-fn split_rows(batches: Vec<RecordBatch>, per_run: usize) -> Vec<Vec<RecordBatch>> {
+/// `parts` cut into consecutive runs of `per_run` rows (the last may be shorter),
+/// slicing batches (and their masks) where a run ends; no rows are copied.
+fn split_rows(parts: Vec<Kept>, per_run: usize) -> Vec<Vec<Kept>> {
     let mut runs = vec![Vec::new()];
     let mut in_run = 0;
-    for b in batches {
+    for (b, keep) in parts {
         let mut offset = 0;
         while offset < b.num_rows() {
             if in_run == per_run {
@@ -869,7 +985,10 @@ fn split_rows(batches: Vec<RecordBatch>, per_run: usize) -> Vec<Vec<RecordBatch>
             }
             let take = (per_run - in_run).min(b.num_rows() - offset);
             if let Some(run) = runs.last_mut() {
-                run.push(b.slice(offset, take));
+                run.push((
+                    b.slice(offset, take),
+                    keep.as_ref().map(|k| k.slice(offset, take)),
+                ));
             }
             offset += take;
             in_run += take;
@@ -1297,17 +1416,34 @@ mod tests {
                 })
                 .collect(),
         );
+        let all = |b: &RecordBatch| [(b.clone(), None)];
         assert_eq!(
-            sampled_compression(std::slice::from_ref(&uuids), "event_id"),
+            sampled_compression(&all(&uuids), "event_id"),
             Compression::UNCOMPRESSED
         );
         assert_eq!(
-            sampled_compression(std::slice::from_ref(&counters), "event_id"),
+            sampled_compression(&all(&counters), "event_id"),
             Compression::SNAPPY
         );
         assert_eq!(
-            sampled_compression(std::slice::from_ref(&ulid_like), "event_id"),
+            sampled_compression(&all(&ulid_like), "event_id"),
             Compression::SNAPPY
+        );
+        // Only kept rows are sampled: a batch whose mask drops every row is not judged.
+        let none = |b: &RecordBatch| Some(BooleanArray::from(vec![false; b.num_rows()]));
+        assert_eq!(
+            sampled_compression(
+                &[(uuids.clone(), none(&uuids)), (counters.clone(), None)],
+                "event_id"
+            ),
+            Compression::SNAPPY
+        );
+        assert_eq!(
+            sampled_compression(
+                &[(counters.clone(), none(&counters)), (uuids.clone(), None)],
+                "event_id"
+            ),
+            Compression::UNCOMPRESSED
         );
         assert_eq!(
             sampled_compression(&[], "event_id"),
@@ -1315,7 +1451,7 @@ mod tests {
             "nothing to judge by"
         );
         // The choice reaches the file: event_id's chunk uncompressed, sku's compressed.
-        let props = bronze_writer_properties_for(["event_id", "sku"], std::slice::from_ref(&uuids));
+        let props = bronze_writer_properties_for(["event_id", "sku"], &all(&uuids));
         assert_eq!(
             written_compressions(&uuids, props),
             [Compression::UNCOMPRESSED, Compression::SNAPPY]
@@ -1362,7 +1498,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let rows = std::slice::from_ref(&batch);
+        let rows = &[(batch.clone(), None)];
         assert_eq!(sampled_compression(rows, "event_id"), Compression::SNAPPY);
         assert_eq!(
             sampled_compression(rows, "order_id"),
@@ -1567,6 +1703,111 @@ mod tests {
         );
     }
 
+    /// The rows kept are the rows the masks keep, in order within each batch and event
+    /// date, a batch of several dates cut into one batch a date (in date order), with
+    /// empty batches dropped and a whole batch of one date passed on uncopied.
+    #[test]
+    fn kept_rows_are_the_masks_rows_in_order_one_date_a_batch() {
+        use arrow::array::{AsArray, Date32Array, StringArray};
+        use arrow::datatypes::Date32Type;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("n", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, false),
+            Field::new("d", DataType::Date32, false),
+        ]));
+        let mut batches = Vec::new();
+        let mut masks = Vec::new();
+        let mut next = 0i64;
+        // 9 batches of 20k rows: every 7th row dropped, batch 4 dropped whole, batch 6
+        // kept whole; batches 2 and 5 hold two dates (every third row a day earlier),
+        // batch 8 two dates and every row kept.
+        let date = |b: i64, v: i64| {
+            if [2, 5, 8].contains(&b) && v % 3 == 0 {
+                20_000
+            } else {
+                20_001
+            }
+        };
+        let keeps = |b: i64, v: i64| b != 4 && (b == 6 || b == 8 || v % 7 != 0);
+        for b in 0..9 {
+            let n: Vec<i64> = (next..next + 20_000).collect();
+            next += 20_000;
+            let s: Vec<String> = n.iter().map(|v| format!("id-{v}")).collect();
+            let d: Vec<i32> = n.iter().map(|v| date(b, *v)).collect();
+            batches.push(
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(n.clone())),
+                        Arc::new(StringArray::from(s)),
+                        Arc::new(Date32Array::from(d)),
+                    ],
+                )
+                .unwrap(),
+            );
+            masks.push(BooleanArray::from(
+                n.iter().map(|v| keeps(b, *v)).collect::<Vec<_>>(),
+            ));
+        }
+        let whole = batches[6].column(1).clone();
+        let mut expected = Vec::new();
+        for b in 0..9 {
+            for d in [20_000, 20_001] {
+                expected.extend(
+                    (b * 20_000..(b + 1) * 20_000).filter(|v| keeps(b, *v) && date(b, *v) == d),
+                );
+            }
+        }
+        let kept: Vec<RecordBatch> = batches
+            .into_iter()
+            .zip(masks)
+            .flat_map(|(b, m)| kept_rows(b, Some(&m), Some(2)).unwrap())
+            .collect();
+        assert_eq!(
+            kept.len(),
+            11,
+            "the emptied batch is dropped, the three of two dates cut in two"
+        );
+        for b in &kept {
+            let d = b.column(2).as_primitive::<Date32Type>();
+            assert_eq!(
+                arrow::compute::min(d),
+                arrow::compute::max(d),
+                "one date a batch"
+            );
+        }
+        assert!(
+            kept.iter().any(|b| Arc::ptr_eq(b.column(1), &whole)),
+            "a whole batch of one date is not copied"
+        );
+        let got: Vec<i64> = kept
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(got, expected);
+        let strings: Vec<String> = kept
+            .iter()
+            .flat_map(|b| {
+                let s = b.column(1).as_string::<i32>();
+                (0..s.len())
+                    .map(|i| s.value(i).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            strings,
+            expected
+                .iter()
+                .map(|v| format!("id-{v}"))
+                .collect::<Vec<_>>()
+        );
+    }
+
     #[test]
     fn rows_are_cut_into_runs_of_equal_size_across_batches() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
@@ -1577,21 +1818,40 @@ mod tests {
             )
             .unwrap()
         };
-        let runs = split_rows(vec![batch(0, 5), batch(5, 12), batch(12, 13)], 4);
+        // The middle batch keeps its odd keys: its mask is cut where the batch is.
+        let odd = BooleanArray::from((5..12).map(|k| k % 2 == 1).collect::<Vec<_>>());
+        let parts = vec![
+            (batch(0, 5), None),
+            (batch(5, 12), Some(odd)),
+            (batch(12, 13), None),
+        ];
+        let runs = split_rows(parts, 4);
         let sizes: Vec<Vec<usize>> = runs
             .iter()
-            .map(|r| r.iter().map(|b| b.num_rows()).collect())
+            .map(|r| r.iter().map(|(b, _)| b.num_rows()).collect())
             .collect();
         assert_eq!(sizes, vec![vec![4], vec![1, 3], vec![4], vec![1]]);
         let keys: Vec<i64> = runs
             .iter()
             .flatten()
-            .flat_map(|b| {
+            .flat_map(|(b, k)| {
                 let a = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-                a.values().to_vec()
+                let kept: Vec<i64> = match k {
+                    Some(k) => {
+                        assert_eq!(k.len(), b.num_rows(), "a mask as long as its slice");
+                        a.values()
+                            .iter()
+                            .zip(k.iter())
+                            .filter(|(_, k)| *k == Some(true))
+                            .map(|(v, _)| *v)
+                            .collect()
+                    }
+                    None => a.values().to_vec(),
+                };
+                kept
             })
             .collect();
-        assert_eq!(keys, (0..13).collect::<Vec<_>>());
+        assert_eq!(keys, vec![0, 1, 2, 3, 4, 5, 7, 9, 11, 12]);
         assert!(split_rows(Vec::new(), 4).is_empty());
     }
 

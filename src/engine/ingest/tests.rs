@@ -1,7 +1,9 @@
 use super::*;
 use crate::ledger::FileAction;
+use crate::schema::EVENT_DATE;
 use crate::sink::delta::{self, Warehouse};
 use crate::source::discover::{self, LandedFile};
+use arrow::array::RecordBatch;
 use datafusion::prelude::SessionContext;
 
 fn planned(files: &[LandedFile]) -> Vec<PlannedFile> {
@@ -23,6 +25,24 @@ fn plan(source: &str, n: i64, files: Vec<PlannedFile>) -> Plan {
         files,
         cursors_after: Default::default(),
     }
+}
+
+/// The rows of `batches` that the local ingestion's dedup keeps against `bronze` in the
+/// event `dates`, as its writers copy them: the expectation of the cluster's write tasks.
+async fn dedup_in_dates(
+    batches: Vec<RecordBatch>,
+    bronze: &deltalake::DeltaTable,
+    schema: &SourceSchema,
+    n: i64,
+    dates: &BTreeSet<i32>,
+) -> crate::error::Result<Vec<RecordBatch>> {
+    let masks = crate::runner::ingest::dedup_masks(&batches, bronze, schema, n, dates).await?;
+    let date_idx = Some(schema.bronze.index_of(EVENT_DATE)?);
+    let mut kept = Vec::new();
+    for (b, m) in batches.into_iter().zip(masks) {
+        kept.extend(delta::kept_rows(b, Some(&m), date_idx)?);
+    }
+    Ok(kept)
 }
 
 /// Bronze's rows of batch `n` as `event_id file line`, sorted.
@@ -126,10 +146,9 @@ async fn the_stages_ingest_a_batch_as_a_local_batch_does() {
     };
     let first = planned(&originals[..half]);
     let rows = decode(first.clone(), 1).await;
-    let kept =
-        crate::runner::ingest::dedup_in_dates(rows, &bronze, &schema, 1, &Default::default())
-            .await
-            .unwrap();
+    let kept = dedup_in_dates(rows, &bronze, &schema, 1, &Default::default())
+        .await
+        .unwrap();
     let bronze = delta::append(bronze, kept, &[EVENT_DATE], "ingest", 1)
         .await
         .unwrap();
@@ -155,7 +174,7 @@ async fn the_stages_ingest_a_batch_as_a_local_batch_does() {
             &mut dates,
         );
     }
-    let expected = crate::runner::ingest::dedup_in_dates(rows, &bronze, &schema, 2, &dates)
+    let expected = dedup_in_dates(rows, &bronze, &schema, 2, &dates)
         .await
         .unwrap();
     let mut expected_ids: Vec<String> = Vec::new();
@@ -254,5 +273,4 @@ fn walk(dir: &Path) -> Vec<String> {
     out
 }
 
-use crate::schema::EVENT_DATE;
 use std::path::PathBuf;

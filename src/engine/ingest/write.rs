@@ -22,7 +22,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{df_err, output_schema, Counts, IngestTask, FILE_META, ORDER};
 use crate::engine::EngineError;
 use crate::error::{Error, Result as KResult};
-use crate::schema::SourceSchema;
+use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::sink::delta::{self, Warehouse};
 use crate::storage::Location;
 
@@ -234,22 +234,21 @@ async fn write_partition(
                 .await
                 .map_err(|e| Error::delta(url, e))?;
         }
-        let kept = crate::runner::ingest::dedup_in_dates(
-            vec![batch],
-            &bronze,
-            schema,
-            task.batch_id,
-            &dates,
-        )
-        .await?;
-        counts.written = kept.iter().map(|b| b.num_rows() as u64).sum();
+        let rows = vec![batch];
+        let masks =
+            crate::runner::ingest::dedup_masks(&rows, &bronze, schema, task.batch_id, &dates)
+                .await?;
+        let parts: Vec<delta::Kept> = rows.into_iter().zip(masks.into_iter().map(Some)).collect();
+        counts.written = delta::kept_count(&parts) as u64;
         if task.write && counts.written > 0 {
             let props = delta::bronze_writer_properties_for(
                 schema.bronze.fields().iter().map(|f| f.name().as_str()),
-                &kept,
+                &parts,
             );
             // One writer: the executor's other cores run the other write tasks.
-            for add in delta::write_files(&bronze, kept, props, 1).await? {
+            let cut = Some(schema.bronze.index_of(EVENT_DATE)?);
+            let written = delta::write_kept(&bronze, parts, cut, props, 1, false).await?;
+            for add in written.adds {
                 kinds.push("add");
                 jsons.push(serde_json::to_string(&add).map_err(|e| stage_err("an add action", e))?);
             }
