@@ -1917,6 +1917,87 @@ mod tests {
         assert_eq!(write_files(&table, small, props, 8).await.unwrap().len(), 1);
     }
 
+    /// The rows masks keep, written by parallel writers that copy them by date: the
+    /// table holds exactly those rows, each file one date, and the rows handed back are
+    /// the same rows, one date a batch (none without `hold`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_rows_of_parallel_writers_are_the_rows_the_masks_keep() {
+        use arrow::array::{AsArray, Date32Array};
+        use arrow::datatypes::{Date32Type, Int64Type};
+        let dir = tempfile::tempdir().unwrap();
+        let wh = local_warehouse(dir.path());
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Date32, false),
+        ]));
+        let n = 2 * ROWS_PER_WRITER as i64 + 10;
+        // Batch 1 of two dates, batch 2 dropped whole, batch 3 kept whole.
+        let day = |q: i64, k: i64| if q == 1 && k % 3 == 0 { 20_000 } else { 20_001 };
+        let keeps = |q: i64, k: i64| q != 2 && (q == 3 || k % 5 != 0);
+        let parts: Vec<Kept> = (0..4)
+            .map(|q| {
+                let ks: Vec<i64> = (q * n / 4..(q + 1) * n / 4).collect();
+                let ds: Vec<i32> = ks.iter().map(|k| day(q, *k)).collect();
+                let keep = BooleanArray::from(ks.iter().map(|k| keeps(q, *k)).collect::<Vec<_>>());
+                let b = RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(ks)),
+                        Arc::new(Date32Array::from(ds)),
+                    ],
+                )
+                .unwrap();
+                (b, Some(keep))
+            })
+            .collect();
+        let mut expect: Vec<(i64, i32)> = (0..4)
+            .flat_map(|q| (q * n / 4..(q + 1) * n / 4).map(move |k| (q, k)))
+            .filter(|(q, k)| keeps(*q, *k))
+            .map(|(q, k)| (k, day(q, k)))
+            .collect();
+        expect.sort();
+        assert_eq!(kept_count(&parts), expect.len());
+        let table = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
+        let props = WriterProperties::builder().build();
+        let written = write_kept(&table, parts.clone(), Some(1), props.clone(), 8, true)
+            .await
+            .unwrap();
+        assert_eq!(
+            written.adds.len(),
+            3,
+            "the first writer's rows of two dates, the second's of one"
+        );
+        let mut held: Vec<(i64, i32)> = Vec::new();
+        for b in &written.rows {
+            let d = b.column(1).as_primitive::<Date32Type>();
+            assert_eq!(
+                arrow::compute::min(d),
+                arrow::compute::max(d),
+                "one date a batch"
+            );
+            let k = b.column(0).as_primitive::<Int64Type>();
+            held.extend(k.values().iter().zip(d.values()).map(|(k, d)| (*k, *d)));
+        }
+        held.sort();
+        assert_eq!(held, expect);
+        let table = commit_adds(table, written.adds, "w", 1).await.unwrap();
+        let ctx = session_with(&table, "t").await.unwrap();
+        let got = sql(&ctx, "SELECT k, CAST(d AS INT) AS d FROM t ORDER BY k")
+            .await
+            .unwrap();
+        let mut rows: Vec<(i64, i32)> = Vec::new();
+        for b in &got {
+            let k = b.column(0).as_primitive::<Int64Type>();
+            let d = b.column(1).as_primitive::<arrow::datatypes::Int32Type>();
+            rows.extend(k.values().iter().zip(d.values()).map(|(k, d)| (*k, *d)));
+        }
+        assert_eq!(rows, expect);
+        let unheld = write_kept(&table, parts, Some(1), props, 8, false)
+            .await
+            .unwrap();
+        assert!(unheld.rows.is_empty() && !unheld.adds.is_empty());
+    }
+
     /// Batches of one partition each are written without delta-rs's split, a batch of
     /// several with it, and every row lands in the partition of its own value.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
