@@ -1169,9 +1169,9 @@ fn first_seen(
     let valid = |r: usize, b: usize| ids[b].is_valid(r - starts[b]);
     let mut ends = vec![0usize; 1 << bits];
     for (b, w) in starts.windows(2).enumerate() {
-        for r in w[0]..w[1] {
+        for (r, h) in (w[0]..).zip(&hashes[w[0]..w[1]]) {
             if valid(r, b) {
-                ends[bucket(hashes[r])] += 1;
+                ends[bucket(*h)] += 1;
             }
         }
     }
@@ -1183,10 +1183,10 @@ fn first_seen(
     let mut fill: Vec<usize> = std::iter::once(0).chain(ends.iter().copied()).collect();
     let mut entries = vec![(0u64, 0u32); at];
     for (b, w) in starts.windows(2).enumerate() {
-        for r in w[0]..w[1] {
+        for (r, h) in (w[0]..).zip(&hashes[w[0]..w[1]]) {
             if valid(r, b) {
-                let k = bucket(hashes[r]);
-                entries[fill[k]] = (hashes[r], r as u32);
+                let k = bucket(*h);
+                entries[fill[k]] = (*h, r as u32);
                 fill[k] += 1;
             }
         }
@@ -1330,7 +1330,7 @@ impl std::hash::Hasher for Rotated {
 
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(*b);
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
         }
     }
 
