@@ -727,10 +727,7 @@ impl Ingestor {
                     Some(m) => m,
                     None => dedup(&batches, &bronze, schema, n).await?,
                 };
-                let parts: Vec<delta::Kept> = batches
-                    .into_iter()
-                    .zip(masks.into_iter().map(Some))
-                    .collect();
+                let parts = delta::with_masks(batches, masks);
                 let written = delta::kept_count(&parts) as i64;
                 (Bronze::Kept(parts), valid, written)
             }
@@ -1110,11 +1107,11 @@ const FIRST_SEEN_BUCKET_IDS: usize = 2048;
 /// stays in cache: one set over a batch's million ids (one per core, split by hash)
 /// took a cache miss an insert, ≈ 150 ns — the dedup outside its probe took 128–301 ms
 /// per 1.4M-id batch that way, 89–232 ms this way (`throughput-run`, two alternating
-/// pairs of 5M events). A bucket's set is keyed by
-/// the 64-bit hash and compares the ids themselves only when hashes are equal: a
-/// re-delivery, or a collision, whose ids are then kept apart exactly. The buckets
-/// come in hash order, so the distinct hashes come out sorted bucket by bucket, as the
-/// probe wants them ([`probe::Incoming`]).
+/// pairs of 5M events). A bucket's set is keyed by the 64-bit hash and compares the ids
+/// themselves only when hashes are equal: a re-delivery, or a collision, whose ids are
+/// then kept apart exactly ([`bucket_firsts`]). The buckets come in hash order, so the
+/// distinct hashes come out sorted bucket by bucket, as the probe wants them
+/// ([`probe::Incoming`]).
 fn first_seen(
     batches: &[RecordBatch],
     id_idx: usize,
@@ -1135,29 +1132,8 @@ fn first_seen(
         true => 1,
         false => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
     };
-    // 1. Each id's hash (0 for a null id, which is never a first occurrence), and the
-    //    range of the ids, on `threads` runs of whole batches.
-    let mut hashes = vec![0u64; total];
-    let range = {
-        let mut runs: Vec<(&[&arrow::array::StringArray], &mut [u64])> = Vec::new();
-        let (mut rest_ids, mut rest) = (&ids[..], &mut hashes[..]);
-        let per = total.div_ceil(threads).max(1);
-        while !rest_ids.is_empty() {
-            let (mut n, mut rows) = (0, 0);
-            while n < rest_ids.len() && (rows < per || n == 0) {
-                rows += rest_ids[n].len();
-                n += 1;
-            }
-            let (these, others) = std::mem::take(&mut rest).split_at_mut(rows);
-            runs.push((&rest_ids[..n], these));
-            (rest_ids, rest) = (&rest_ids[n..], others);
-        }
-        let ranges = on_threads(runs, |(ids, out)| hash_ids(ids, out, probing));
-        ranges.into_iter().flatten().fold(None, |r, (lo, hi)| {
-            Some(probe::widen(Some(probe::widen(r, lo)), hi))
-        })
-    };
-    // 2. Scatter (hash, row) by the hash's top bits, plan order kept within a bucket.
+    // 1. Each id's hash, on `threads` runs of whole batches; 2. (hash, row) by bucket.
+    let (hashes, range) = hash_on_threads(&ids, total, threads, probing);
     let bits = (total / FIRST_SEEN_BUCKET_IDS)
         .max(1)
         .next_power_of_two()
@@ -1166,8 +1142,84 @@ fn first_seen(
         0 => 0,
         _ => (h >> (64 - bits)) as usize,
     };
+    let (entries, ends) = scatter(&ids, &starts, &hashes, 1 << bits, bucket);
+    drop(hashes);
+    // 3. Each bucket's first occurrences, buckets split over the threads in order.
+    let value = |r: u32| {
+        let r = r as usize;
+        let b = starts.partition_point(|s| *s <= r) - 1;
+        ids[b].value(r - starts[b])
+    };
+    let mut runs: Vec<&[(u64, u32)]> = Vec::with_capacity(threads);
+    let per = entries.len().div_ceil(threads).max(1);
+    let mut from = 0;
+    for k in 0..ends.len() {
+        // A run ends at a bucket's end once it holds its share.
+        if ends[k] - from >= per || k + 1 == ends.len() {
+            runs.push(&entries[from..ends[k]]);
+            from = ends[k];
+        }
+    }
+    let found = on_threads(runs, |run| bucket_firsts(run, bucket, value, probing));
+    // 4. The masks, and the distinct hashes in bucket order.
+    let mut first = vec![false; total];
+    let mut distinct = Vec::new();
+    for (rows, hashes) in found {
+        for r in rows {
+            first[r as usize] = true;
+        }
+        distinct.extend(hashes);
+    }
+    let masks = starts
+        .windows(2)
+        .map(|w| BooleanArray::new(first[w[0]..w[1]].iter().copied().collect(), None))
+        .collect();
+    (masks, distinct, range)
+}
+
+/// Each id's hash ([`bloom::hash`]; 0 for a null id, which is never a first occurrence)
+/// in plan order, `ids`' batches split into `threads` runs of about `total / threads`
+/// rows; and when `probing`, the ids' least and greatest.
+fn hash_on_threads<'a>(
+    ids: &[&'a arrow::array::StringArray],
+    total: usize,
+    threads: usize,
+    probing: bool,
+) -> (Vec<u64>, Option<(&'a str, &'a str)>) {
+    let mut hashes = vec![0u64; total];
+    let mut runs: Vec<(&[&arrow::array::StringArray], &mut [u64])> = Vec::new();
+    let (mut rest_ids, mut rest) = (ids, &mut hashes[..]);
+    let per = total.div_ceil(threads).max(1);
+    while !rest_ids.is_empty() {
+        let (mut n, mut rows) = (0, 0);
+        while n < rest_ids.len() && (rows < per || n == 0) {
+            rows += rest_ids[n].len();
+            n += 1;
+        }
+        let (these, others) = std::mem::take(&mut rest).split_at_mut(rows);
+        runs.push((&rest_ids[..n], these));
+        (rest_ids, rest) = (&rest_ids[n..], others);
+    }
+    let ranges = on_threads(runs, |(ids, out)| hash_ids(ids, out, probing));
+    let range = ranges.into_iter().flatten().fold(None, |r, (lo, hi)| {
+        Some(probe::widen(Some(probe::widen(r, lo)), hi))
+    });
+    (hashes, range)
+}
+
+/// The (hash, row) of every non-null id, rows numbered across `ids`' batches (batch `b`
+/// from `starts[b]`), grouped by `bucket` of the hash (one of `buckets`), plan order
+/// kept within a bucket (a counting sort); and where each bucket's entries end. Rows
+/// are numbered in 32 bits: a batch is bounded by memory far below 4G rows.
+fn scatter(
+    ids: &[&arrow::array::StringArray],
+    starts: &[usize],
+    hashes: &[u64],
+    buckets: usize,
+    bucket: impl Fn(u64) -> usize,
+) -> (Vec<(u64, u32)>, Vec<usize>) {
     let valid = |r: usize, b: usize| ids[b].is_valid(r - starts[b]);
-    let mut ends = vec![0usize; 1 << bits];
+    let mut ends = vec![0usize; buckets];
     for (b, w) in starts.windows(2).enumerate() {
         for (r, h) in (w[0]..).zip(&hashes[w[0]..w[1]]) {
             if valid(r, b) {
@@ -1191,38 +1243,7 @@ fn first_seen(
             }
         }
     }
-    drop(hashes);
-    // 3. Each bucket's first occurrences, buckets split over the threads in order.
-    let value = |r: u32| {
-        let r = r as usize;
-        let b = starts.partition_point(|s| *s <= r) - 1;
-        ids[b].value(r - starts[b])
-    };
-    let mut runs: Vec<&[(u64, u32)]> = Vec::with_capacity(threads);
-    let per = at.div_ceil(threads).max(1);
-    let mut from = 0;
-    for k in 0..ends.len() {
-        // A run ends at a bucket's end once it holds its share.
-        if ends[k] - from >= per || k + 1 == ends.len() {
-            runs.push(&entries[from..ends[k]]);
-            from = ends[k];
-        }
-    }
-    let found = on_threads(runs, |run| bucket_firsts(run, bucket, value, probing));
-    // 4. The masks, and the distinct hashes in bucket order.
-    let mut first = vec![false; total];
-    let mut distinct = Vec::new();
-    for (rows, hashes) in found {
-        for r in rows {
-            first[r as usize] = true;
-        }
-        distinct.extend(hashes);
-    }
-    let masks = starts
-        .windows(2)
-        .map(|w| BooleanArray::from(first[w[0]..w[1]].to_vec()))
-        .collect();
-    (masks, distinct, range)
+    (entries, ends)
 }
 
 /// The first occurrences among `run`'s (hash, row) entries, which come bucket by bucket

@@ -519,9 +519,9 @@ pub fn bronze_writer_properties<'a>(
 /// ([`sampled_compression`]).
 pub fn bronze_writer_properties_for<'a>(
     columns: impl IntoIterator<Item = &'a str>,
-    rows: &[Kept],
+    parts: &[Kept],
 ) -> WriterProperties {
-    bronze_props(columns, |c| sampled_compression(rows, c))
+    bronze_props(columns, |c| sampled_compression(parts, c))
 }
 
 /// How much of its plain encoding Snappy must save on a sample of a column's values for
@@ -533,11 +533,10 @@ pub const ID_SNAPPY_MIN_SAVING: f64 = 0.2;
 const ID_SAMPLE_BYTES: usize = 64 << 10;
 
 /// How bronze compresses the string `column` in a write of the rows `parts` keep
-/// ([`write_kept`]): Snappy when it saves
-/// at least [`ID_SNAPPY_MIN_SAVING`] on the first 64 KiB of its values as Parquet lays
-/// them out (plain, each behind its length), else not at all. Taken for the columns
-/// written without a dictionary whose values are ids: `event_id` and the
-/// [`LOOKUP_KEYS`]. Random UUIDs — what producers send — save ≈ 15 % (the hex alphabet
+/// ([`write_kept`]): Snappy when it saves at least [`ID_SNAPPY_MIN_SAVING`] on the first
+/// 64 KiB of its values as Parquet lays them out (plain, each behind its length), else
+/// not at all. Taken for the columns written without a dictionary whose values are ids:
+/// `event_id` and the [`LOOKUP_KEYS`]. Random UUIDs — what producers send — save ≈ 15 % (the hex alphabet
 /// is redundant, but Snappy has no entropy coding), at ≈ 150 ms of CPU per million ids
 /// each time they are written and read: on 5M orders (`cargo bench --bench jobs --
 /// throughput`, two alternating pairs) bronze's encoding and commit took 520–590 ms per
@@ -557,8 +556,8 @@ pub fn sampled_compression(parts: &[Kept], column: &str) -> Compression {
             continue;
         };
         let kept = |i: usize| keep.as_ref().is_none_or(|k| k.value(i));
-        for v in (0..values.len()).filter(|i| kept(*i) && values.is_valid(*i)) {
-            let v = values.value(v);
+        for i in (0..values.len()).filter(|i| kept(*i) && values.is_valid(*i)) {
+            let v = values.value(i);
             plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
             plain.extend_from_slice(v.as_bytes());
             if plain.len() >= ID_SAMPLE_BYTES {
@@ -866,6 +865,15 @@ pub fn kept_rows(
         0 => Vec::new(),
         _ => vec![kept],
     })
+}
+
+/// Each of `batches` with the mask of the rows to write of it (as many masks as
+/// batches, in order).
+pub fn with_masks(batches: Vec<RecordBatch>, masks: Vec<BooleanArray>) -> Vec<Kept> {
+    batches
+        .into_iter()
+        .zip(masks.into_iter().map(Some))
+        .collect()
 }
 
 /// Rows `parts` keep.

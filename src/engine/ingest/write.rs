@@ -238,7 +238,7 @@ async fn write_partition(
         let masks =
             crate::runner::ingest::dedup_masks(&rows, &bronze, schema, task.batch_id, &dates)
                 .await?;
-        let parts: Vec<delta::Kept> = rows.into_iter().zip(masks.into_iter().map(Some)).collect();
+        let parts = delta::with_masks(rows, masks);
         counts.written = delta::kept_count(&parts) as u64;
         if task.write && counts.written > 0 {
             let props = delta::bronze_writer_properties_for(
