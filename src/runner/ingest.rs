@@ -36,6 +36,7 @@ use crate::runlog::{self, IngestEntry};
 use crate::schema::{SourceSchema, EVENT_DATE};
 use crate::sink::compact;
 use crate::sink::delta::{self, Warehouse};
+use crate::sink::known::Known;
 use crate::sink::quarantine::{self, QuarantineBuilder};
 use crate::sink::{bloom, probe};
 use crate::source::decode::{Decoded, Rejected};
@@ -400,6 +401,8 @@ impl Ingestor {
         let mut pending_at_start: Option<HashSet<String>> = None;
         // Under the source's lease no other writer completes its batches.
         let mut last = runlog::last_batch(&self.wh, "ingest", source).await?;
+        // The bronze files this ingestion writes, for its later batches' probes.
+        let mut known = Known::default();
         loop {
             if pending_at_start.as_ref().is_some_and(|p| p.is_empty()) {
                 break;
@@ -443,7 +446,7 @@ impl Ingestor {
             };
             fault::point("after_plan");
             fault::pause("ingest_after_plan").await;
-            let entry = self.execute(&plan, schema, resumed).await?;
+            let entry = self.execute(&plan, schema, resumed, &mut known).await?;
             fault::pause("ingest_after_batch").await;
             if let Some(pending) = &mut pending_at_start {
                 for f in &plan.files {
@@ -565,12 +568,15 @@ impl Ingestor {
         Ok(Some((durable, pending)))
     }
 
-    /// Execute a plan (first time, or `resumed` after a crash).
+    /// Execute a plan (first time, or `resumed` after a crash). `known`: the bronze files
+    /// this ingestion wrote so far, which the dedup's probe rules in or out without
+    /// reading them; the batch's own files are added.
     async fn execute(
         &self,
         plan: &Plan,
         schema: &Arc<SourceSchema>,
         resumed: bool,
+        known: &mut Known,
     ) -> Result<IngestEntry> {
         let started = self.now_us();
         let cpu0 = crate::time::clock::cpu_us();
@@ -706,6 +712,9 @@ impl Ingestor {
 
         // dedup, then 3. bronze
         let t_dedup = Instant::now();
+        // Deduplicated against bronze (not the stream's in-memory set): the next batch's
+        // probe will ask about the files written here.
+        let mut probed = false;
         let (deduped, valid, rows_written) = match remote {
             // The cluster deduplicated and wrote the files: commit them.
             Some(r) => (Bronze::Written(r.adds), r.valid, r.written),
@@ -723,9 +732,10 @@ impl Ingestor {
                         None => None,
                     }
                 };
+                probed = cached.is_none();
                 let masks = match cached {
                     Some(m) => m,
-                    None => dedup(&batches, &bronze, schema, n).await?,
+                    None => dedup(&batches, &bronze, schema, n, known).await?,
                 };
                 let parts = delta::with_masks(batches, masks);
                 let written = delta::kept_count(&parts) as i64;
@@ -760,13 +770,21 @@ impl Ingestor {
                         .fresh
                         .as_ref()
                         .is_some_and(|f| f.would_hold(delta::kept_bytes(&parts)));
-                    let cut = Some(schema.bronze.index_of(EVENT_DATE)?);
-                    let written =
-                        delta::write_kept(&bronze, parts, cut, props, writers, hold).await?;
+                    let how = delta::KeptWrite {
+                        cut: Some(schema.bronze.index_of(EVENT_DATE)?),
+                        writers,
+                        hold,
+                        remember: probed.then(|| schema.event_id_index()),
+                    };
+                    let written = delta::write_kept(&bronze, parts, props, how).await?;
                     if hold {
                         handed = Some(written.rows);
                     }
-                    delta::commit_adds(bronze, written.adds, &app, n).await?
+                    let t = delta::commit_adds(bronze, written.adds, &app, n).await?;
+                    for (name, file) in written.known {
+                        known.insert(name, file);
+                    }
+                    t
                 }
                 Bronze::Written(adds) => delta::commit_adds(bronze, adds, &app, n).await?,
             };
@@ -1009,13 +1027,15 @@ async fn existing_ids(
     dates: &BTreeSet<i32>,
     bronze: &deltalake::DeltaTable,
     n: i64,
+    known: Option<&Known>,
 ) -> Result<HashSet<String, foldhash::fast::RandomState>> {
     let days: Vec<String> = dates.iter().map(|d| crate::time::date(*d)).collect();
     let t = Instant::now();
-    let found = probe::existing_ids(bronze, &days, n, incoming).await?;
+    let found = probe::existing_ids(bronze, &days, n, incoming, known).await?;
     info!(
         incoming = incoming.len(),
         files = found.files,
+        known_files = found.known_files,
         row_groups = found.row_groups,
         row_groups_read = found.row_groups_read,
         held = found.ids.len(),
@@ -1028,19 +1048,20 @@ async fn existing_ids(
 /// Which rows of `batches` are not duplicate event_ids (a mask per batch): first
 /// occurrence within the batch wins, then anything already in bronze for the touched
 /// event dates (rows of batch `n` itself excepted, so a replay computes the same
-/// result).
+/// result; the files `known` names are ruled in or out by their rows' hashes).
 async fn dedup(
     batches: &[RecordBatch],
     bronze: &deltalake::DeltaTable,
     schema: &SourceSchema,
     n: i64,
+    known: &Known,
 ) -> Result<Vec<BooleanArray>> {
     let date_idx = schema.bronze.index_of(EVENT_DATE)?;
     let mut dates = BTreeSet::new();
     for b in batches {
         event_dates(b, date_idx, &mut dates);
     }
-    dedup_masks(batches, bronze, schema, n, &dates).await
+    dedup_masks(batches, bronze, schema, n, &dates, Some(known)).await
 }
 
 /// Add the event dates (days since the epoch) in `b`'s `event_date` column at `idx` to
@@ -1052,13 +1073,15 @@ pub(crate) fn event_dates(b: &RecordBatch, idx: usize, into: &mut BTreeSet<i32>)
 
 /// [`dedup`] of some of a batch's rows (`batches`, in plan order) against bronze in the
 /// event `dates` the whole batch touches (all of them, or one hash partition of a
-/// cluster's batch, [`crate::engine::ingest`]).
+/// cluster's batch, [`crate::engine::ingest`]); `known`: bronze files this process
+/// wrote, with their rows' hashes.
 pub(crate) async fn dedup_masks(
     batches: &[RecordBatch],
     bronze: &deltalake::DeltaTable,
     schema: &SourceSchema,
     n: i64,
     dates: &BTreeSet<i32>,
+    known: Option<&Known>,
 ) -> Result<Vec<BooleanArray>> {
     let id_idx = schema.event_id_index();
     if batches.iter().all(|b| b.num_rows() == 0) {
@@ -1074,7 +1097,7 @@ pub(crate) async fn dedup_masks(
     if let (true, Some((lo, hi))) = (probing, range) {
         let incoming = probe::Incoming::with(hashes, lo, hi);
         // Ids bronze holds whose hash is an incoming one's; compared exactly below.
-        let existing = existing_ids(&incoming, dates, bronze, n).await?;
+        let existing = existing_ids(&incoming, dates, bronze, n, known).await?;
         if !existing.is_empty() {
             for (b, m) in batches.iter().zip(masks.iter_mut()) {
                 let id = b.column(id_idx).as_string::<i32>();

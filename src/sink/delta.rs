@@ -20,6 +20,7 @@ use std::sync::Arc;
 use url::Url;
 
 use crate::error::{Error, Result};
+use crate::sink::known::KnownFile;
 use crate::storage::Location;
 
 /// The URL scheme delta-rs sees for the tables of a local warehouse: `file:///a/b/` is
@@ -734,7 +735,11 @@ pub async fn write_files(
     writers: usize,
 ) -> Result<Vec<deltalake::kernel::Add>> {
     let parts = batches.into_iter().map(|b| (b, None)).collect();
-    let written = write_kept(table, parts, None, props, writers, false).await?;
+    let how = KeptWrite {
+        writers,
+        ..KeptWrite::default()
+    };
+    let written = write_kept(table, parts, props, how).await?;
     Ok(written.adds)
 }
 
@@ -742,32 +747,46 @@ pub async fn write_files(
 /// filter mask as long as the batch, without nulls.
 pub type Kept = (RecordBatch, Option<BooleanArray>);
 
-/// What [`write_kept`] wrote: the new files' add actions, and the rows written when the
-/// caller asked to hold them.
+/// How [`write_kept`] writes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeptWrite {
+    /// Cut the kept rows by the Date32 column at this index (bronze's `event_date`).
+    pub cut: Option<usize>,
+    /// Parquet writers at most, each on a task of its own (one per core).
+    pub writers: usize,
+    /// Return the written rows too, in order (a batch small enough to hand to this
+    /// process's jobs, [`crate::operator::fresh`]).
+    pub hold: bool,
+    /// Return, for each file written, the filter hash of every row's value of the
+    /// string column at this index, in row order ([`crate::sink::known`]).
+    pub remember: Option<usize>,
+}
+
+/// What [`write_kept`] wrote: the new files' add actions, the rows written when the
+/// caller asked to hold them, and the files' hashes when it asked to remember them (by
+/// file name; a file whose rows a writer could not tell apart is left out).
 pub struct Written {
     pub adds: Vec<deltalake::kernel::Add>,
     pub rows: Vec<RecordBatch>,
+    pub known: Vec<(String, KnownFile)>,
 }
 
 /// [`write_files`] of the rows `parts` keep, each writer copying the kept rows of a
-/// batch ([`kept_rows`], cut by the Date32 column at `cut` when given) just before it
-/// encodes them: the copy a filter makes is spread over the writers' cores and each
+/// batch ([`kept_rows`], cut by the Date32 column at `how.cut` when given) just before
+/// it encodes them: the copy a filter makes is spread over the writers' cores and each
 /// copy is freed once encoded, where filtering every batch first took one core 160–320
 /// ms per 1.4M-row ingestion batch while the other waited (`throughput-run`, see the
-/// README). `hold`: return the written rows too, in order (a batch small enough to hand
-/// to this process's jobs, [`crate::operator::fresh`]).
+/// README).
 pub async fn write_kept(
     table: &DeltaTable,
     parts: Vec<Kept>,
-    cut: Option<usize>,
     props: WriterProperties,
-    writers: usize,
-    hold: bool,
+    how: KeptWrite,
 ) -> Result<Written> {
     let url = table.table_url().to_string();
     let t = std::time::Instant::now();
     let rows: usize = parts.iter().map(|(b, _)| b.num_rows()).sum();
-    let writers = writers.clamp(1, (rows / ROWS_PER_WRITER).max(1));
+    let writers = how.writers.clamp(1, (rows / ROWS_PER_WRITER).max(1));
     let tasks: Vec<_> = split_rows(parts, rows.div_ceil(writers).max(1))
         .into_iter()
         .map(|run| {
@@ -778,12 +797,19 @@ pub async fn write_kept(
                     .with_writer_properties(props);
                 let partitions = partition_columns(&table)?;
                 let mut held = Vec::new();
+                let mut hashes = how.remember.map(|_| PartitionHashes::default());
                 for (b, keep) in run {
-                    for b in kept_rows(b, keep.as_ref(), cut)? {
-                        if hold {
+                    for b in kept_rows(b, keep.as_ref(), how.cut)? {
+                        if how.hold {
                             held.push(b.clone());
                         }
-                        match one_partition(&b, &partitions)? {
+                        let values = one_partition(&b, &partitions)?;
+                        if let (Some(h), Some(col)) = (hashes.as_mut(), how.remember) {
+                            if !h.add(values.as_ref(), &b, col) {
+                                hashes = None;
+                            }
+                        }
+                        match values {
                             Some(values) => w
                                 .write_partition(b, &values, deltalake::writer::WriteMode::Default)
                                 .await
@@ -796,27 +822,100 @@ pub async fn write_kept(
                 let adds = deltalake::writer::DeltaWriter::flush(&mut w)
                     .await
                     .map_err(|e| Error::delta(&url, e))?;
-                Ok::<_, Error>((adds, held))
+                let known = hashes.map_or_else(Vec::new, |h| h.files(&adds));
+                Ok::<_, Error>((adds, held, known))
             })
         })
         .collect();
     let mut written = Written {
         adds: Vec::new(),
         rows: Vec::new(),
+        known: Vec::new(),
     };
     for task in tasks {
-        let (adds, rows) = task.await.map_err(|source| Error::Task {
+        let (adds, rows, known) = task.await.map_err(|source| Error::Task {
             what: format!("a Parquet writer of {}", shown(url.clone())),
             source,
         })??;
         written.adds.extend(adds);
         written.rows.extend(rows);
+        written.known.extend(known);
     }
     super::timings::record(
         format!("encode {}", super::timings::table_name(&url)),
         t.elapsed(),
     );
     Ok(written)
+}
+
+/// One writer's rows by partition, as it wrote them: the partition values (serialized
+/// as the add actions carry them, by column name) and each row's filter hash of the
+/// remembered column.
+#[derive(Default)]
+struct PartitionHashes {
+    parts: Vec<(PartitionKey, Vec<u64>)>,
+}
+
+/// A partition's values by column name, serialized, sorted by name.
+type PartitionKey = Vec<(String, String)>;
+
+impl PartitionHashes {
+    /// Add the hashes of `b`'s column `col`, written to the partition `values`. False when
+    /// the rows cannot be told apart by file: a batch of several partitions (delta-rs
+    /// splits it), or a column that is not a string.
+    fn add(
+        &mut self,
+        values: Option<&indexmap::IndexMap<String, delta_kernel::expressions::Scalar>>,
+        b: &RecordBatch,
+        col: usize,
+    ) -> bool {
+        use arrow::array::AsArray;
+        use deltalake::kernel::scalars::ScalarExt;
+        let (Some(values), Some(ids)) = (values, b.column(col).as_string_opt::<i32>()) else {
+            return false;
+        };
+        let mut key: PartitionKey = values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.serialize()))
+            .collect();
+        key.sort();
+        let at = match self.parts.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                self.parts.push((key, Vec::new()));
+                self.parts.len() - 1
+            }
+        };
+        let hashes = &mut self.parts[at].1;
+        hashes.extend(
+            ids.iter()
+                .map(|v| v.map_or(0, |s| super::bloom::hash(s.as_bytes()))),
+        );
+        true
+    }
+
+    /// The files `adds` (this writer's) hold, each with its rows' hashes: a partition's
+    /// rows went to the one file of its values (a writer that left several files for
+    /// one partition is not told apart: left out).
+    fn files(self, adds: &[deltalake::kernel::Add]) -> Vec<(String, KnownFile)> {
+        let mut out = Vec::new();
+        for (key, hashes) in self.parts {
+            let mut of_part = adds.iter().filter(|a| {
+                a.partition_values.len() == key.len()
+                    && key.iter().all(|(k, v)| {
+                        a.partition_values
+                            .get(k)
+                            .is_some_and(|x| x.as_deref() == Some(v.as_str()))
+                    })
+            });
+            if let (Some(add), None) = (of_part.next(), of_part.next()) {
+                let name = super::known::file_name(&add.path).to_string();
+                let size = add.size.max(0) as u64;
+                out.push((name, KnownFile { size, hashes }));
+            }
+        }
+        out
+    }
 }
 
 /// The rows of `batch` that `keep` keeps (all without it), as batches of one value of
@@ -1967,9 +2066,16 @@ mod tests {
         assert_eq!(kept_count(&parts), expect.len());
         let table = wh.open_or_create("t", &schema, &["d"]).await.unwrap();
         let props = WriterProperties::builder().build();
-        let written = write_kept(&table, parts.clone(), Some(1), props.clone(), 8, true)
+        let how = KeptWrite {
+            cut: Some(1),
+            writers: 8,
+            hold: true,
+            remember: None,
+        };
+        let written = write_kept(&table, parts.clone(), props.clone(), how)
             .await
             .unwrap();
+        assert!(written.known.is_empty(), "nothing remembered unasked");
         assert_eq!(
             written.adds.len(),
             3,
@@ -2000,9 +2106,8 @@ mod tests {
             rows.extend(k.values().iter().zip(d.values()).map(|(k, d)| (*k, *d)));
         }
         assert_eq!(rows, expect);
-        let unheld = write_kept(&table, parts, Some(1), props, 8, false)
-            .await
-            .unwrap();
+        let how = KeptWrite { hold: false, ..how };
+        let unheld = write_kept(&table, parts, props, how).await.unwrap();
         assert!(unheld.rows.is_empty() && !unheld.adds.is_empty());
     }
 

@@ -5,6 +5,7 @@ pub mod bloom;
 pub mod cluster;
 pub mod compact;
 pub mod delta;
+pub mod known;
 pub mod late;
 pub mod logcache;
 pub mod loglist;

@@ -39,6 +39,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
 use crate::sink::bloom;
+use crate::sink::known::Known;
 
 /// What can go wrong probing one file; `what` names the file and the column probed.
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +81,12 @@ pub struct Found {
     pub ids: HashSet<String, foldhash::fast::RandomState>,
     pub files: usize,
     pub row_groups: usize,
-    /// Row groups read because a filter (or a missing filter) said "maybe".
+    /// Row groups read because a filter (or a missing filter) said "maybe", or because
+    /// a file this run wrote holds a row of an incoming hash there.
     pub row_groups_read: usize,
+    /// Files this run wrote, ruled in or out by the hashes it kept of them
+    /// ([`crate::sink::known`]), not by their filters.
+    pub known_files: usize,
 }
 
 type Ids<'a> = HashSet<&'a str, foldhash::fast::RandomState>;
@@ -265,19 +270,22 @@ pub fn widen<'a>(range: Option<(&'a str, &'a str)>, v: &'a str) -> (&'a str, &'a
 /// The ids bronze (`table`) holds in partitions `event_date` ∈ `dates` (`YYYY-MM-DD`),
 /// outside the rows of ingestion batch `exclude_batch`, whose hash is one of
 /// `incoming`'s: every incoming id bronze holds, and possibly (by a hash collision) an
-/// id that was not asked about, which the caller's exact comparison leaves out.
+/// id that was not asked about, which the caller's exact comparison leaves out. The
+/// files `known` names (this run wrote them) are read only in the row groups where it
+/// says a row's hash is an incoming one's.
 pub async fn existing_ids(
     table: &DeltaTable,
     dates: &[String],
     exclude_batch: i64,
     incoming: &Incoming,
+    known: Option<&Known>,
 ) -> Result<Found> {
     let probe = Probe {
         column: "event_id",
         partition: (crate::schema::EVENT_DATE, dates),
         exclude: Some((crate::schema::BATCH_ID, exclude_batch)),
     };
-    existing_prepared(table, &probe, incoming).await
+    existing_prepared(table, &probe, incoming, known).await
 }
 
 /// The values of `incoming` that `table` holds in `probe.column`, in the partitions and
@@ -286,7 +294,7 @@ pub async fn existing(table: &DeltaTable, probe: &Probe<'_>, incoming: &Ids<'_>)
     let Some(prepared) = Incoming::of(incoming) else {
         return Ok(Found::default());
     };
-    let mut found = existing_prepared(table, probe, &prepared).await?;
+    let mut found = existing_prepared(table, probe, &prepared, None).await?;
     found.ids.retain(|v| incoming.contains(v.as_str()));
     Ok(found)
 }
@@ -296,6 +304,7 @@ async fn existing_prepared(
     table: &DeltaTable,
     probe: &Probe<'_>,
     incoming: &Incoming,
+    known: Option<&Known>,
 ) -> Result<Found> {
     let mut found = Found::default();
     let started = std::time::Instant::now();
@@ -320,6 +329,7 @@ async fn existing_prepared(
         exclude: probe.exclude.map(|(c, v)| (c.to_string(), v)),
         incoming: incoming.clone(),
         url: table.table_url().to_string(),
+        known: known.filter(|k| !k.is_empty()).cloned(),
     });
     // One task a file, so the files' Parquet decoding runs on every worker thread (the
     // futures of one task are polled on one thread: a backlog's probe of a million ids
@@ -341,6 +351,7 @@ async fn existing_prepared(
     for r in results {
         found.row_groups += r.row_groups;
         found.row_groups_read += r.read;
+        found.known_files += usize::from(r.known);
         found.ids.extend(r.ids);
     }
     crate::sink::timings::record(
@@ -380,6 +391,8 @@ struct Asked {
     exclude: Option<(String, i64)>,
     incoming: Incoming,
     url: String,
+    /// The files this run wrote, with their rows' hashes.
+    known: Option<Known>,
 }
 
 impl Asked {
@@ -391,9 +404,14 @@ impl Asked {
     /// nearly every value that is not; the index of the sorted hashes the rest): every
     /// incoming value passes, and another only when its 64-bit hash equals one of theirs.
     fn may_hold(&self, v: &str) -> bool {
-        let h = bloom::hash(v.as_bytes());
-        let incoming = &self.incoming;
-        incoming.bits.maybe(h) && incoming.index.contains(&incoming.hashes, h)
+        self.incoming.holds_hash(bloom::hash(v.as_bytes()))
+    }
+}
+
+impl Incoming {
+    /// Whether `h` is one of the values' hashes.
+    fn holds_hash(&self, h: u64) -> bool {
+        self.bits.maybe(h) && self.index.contains(&self.hashes, h)
     }
 }
 
@@ -401,6 +419,8 @@ struct FileFound {
     ids: Vec<String>,
     row_groups: usize,
     read: usize,
+    /// Its row groups were picked by the hashes this run kept of it.
+    known: bool,
 }
 
 /// The values of one file's `asked.column` whose hash is an incoming value's (see
@@ -412,7 +432,6 @@ async fn probe_file(
     asked: Arc<Asked>,
 ) -> Result<FileFound> {
     let what = || asked.what(&path);
-    let (lo, hi) = (asked.incoming.lo.as_str(), asked.incoming.hi.as_str());
     let reader = Reader {
         store: store.clone(),
         path: path.clone(),
@@ -436,6 +455,60 @@ async fn probe_file(
         Some((name, value)) => Some((column(name).ok_or_else(|| lacks(name))?, name, *value)),
         None => None,
     };
+    let mut out = FileFound {
+        ids: Vec::new(),
+        row_groups: meta.num_row_groups(),
+        read: 0,
+        known: false,
+    };
+    // A file this run wrote: the row groups holding a row of an incoming hash, by the
+    // hashes it kept of the file's rows (no filter asked, no id decoded elsewhere).
+    let name = path.filename().unwrap_or_default();
+    let known = asked.known.as_ref().and_then(|k| k.get(name, size));
+    let read = match known {
+        Some(file) => {
+            let rows: Vec<usize> = (0..meta.num_row_groups())
+                .map(|rg| meta.row_group(rg).num_rows().max(0) as usize)
+                .collect();
+            let incoming = asked.incoming.clone();
+            tokio::task::spawn_blocking(move || {
+                file.row_groups_where(&rows, |h| incoming.holds_hash(h))
+            })
+            .await
+            .map_err(|source| ProbeError::Check {
+                what: what(),
+                source,
+            })?
+        }
+        None => None,
+    };
+    out.known = read.is_some();
+    let read = match read {
+        Some(read) => read,
+        None => filtered_row_groups(&mut builder, &meta, &store, &path, id_col, &asked).await?,
+    };
+    out.read = read.len();
+    if read.is_empty() {
+        return Ok(out);
+    }
+    read_ids(builder, &path, read, (id_col, exclude), &asked, &mut out).await?;
+    Ok(out)
+}
+
+/// The row groups of a file (not one this run wrote) that can hold an incoming value:
+/// those the values' range leaves in, whose bloom filter says "maybe" to one of them —
+/// or that are read without asking, when asking would cost more than reading
+/// ([`CHECKS_PER_ROW`]) or they have no filter. Ascending.
+async fn filtered_row_groups(
+    builder: &mut ParquetRecordBatchStreamBuilder<Reader>,
+    meta: &ParquetMetaData,
+    store: &Arc<dyn ObjectStore>,
+    path: &ObjPath,
+    id_col: usize,
+    asked: &Arc<Asked>,
+) -> Result<Vec<usize>> {
+    let what = || asked.what(path);
+    let (lo, hi) = (asked.incoming.lo.as_str(), asked.incoming.hi.as_str());
     // Row groups the id range leaves in, and where their filters lie; those whose filter
     // would cost more to ask than the row group costs to read go straight to `always`.
     let mut kept: Vec<(usize, Option<std::ops::Range<u64>>)> = Vec::new();
@@ -470,7 +543,7 @@ async fn probe_file(
         Vec::new()
     } else {
         store
-            .get_ranges(&path, &ranges)
+            .get_ranges(path, &ranges)
             .await
             .map_err(|source| ProbeError::Store {
                 what: what(),
@@ -521,18 +594,25 @@ async fn probe_file(
     };
     read.extend(always);
     read.sort_unstable();
-    let mut out = FileFound {
-        ids: Vec::new(),
-        row_groups: meta.num_row_groups(),
-        read: read.len(),
-    };
-    if read.is_empty() {
-        return Ok(out);
-    }
+    Ok(read)
+}
+
+/// The values of row groups `read` (ascending) whose hash is an incoming value's,
+/// outside the excluded rows, into `out.ids`.
+async fn read_ids(
+    builder: ParquetRecordBatchStreamBuilder<Reader>,
+    path: &ObjPath,
+    read: Vec<usize>,
+    (id_col, exclude): (usize, Option<(usize, &String, i64)>),
+    asked: &Arc<Asked>,
+    out: &mut FileFound,
+) -> Result<()> {
+    let what = || asked.what(path);
+    let schema = builder.metadata().file_metadata().schema_descr_ptr();
     let leaves: Vec<usize> = std::iter::once(id_col)
         .chain(exclude.map(|(c, _, _)| c))
         .collect();
-    let mask = ProjectionMask::leaves(schema, leaves);
+    let mask = ProjectionMask::leaves(&schema, leaves);
     let mut stream = builder
         .with_row_groups(read)
         .with_projection(mask)
@@ -576,7 +656,7 @@ async fn probe_file(
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A Parquet file in an object store, of known size (no HEAD request).
@@ -809,6 +889,145 @@ mod tests {
                     assert_eq!(found.row_groups_read, 20, "{found:?}");
                 }
             }
+        }
+    }
+    /// Files written with their rows' hashes remembered (one writer, parts of two
+    /// partitions interleaved, masks dropping rows): each file's remembered hashes are
+    /// its rows' in order, and a probe that knows them reads only the row groups holding
+    /// an incoming id's hash — and finds the same ids as one that asks the filters, also
+    /// in a file it does not know and outside an excluded batch.
+    #[tokio::test]
+    async fn known_files_read_only_the_row_groups_of_incoming_hashes() {
+        use crate::sink::delta::{self, KeptWrite};
+        use arrow::array::{BooleanArray, Int64Array, RecordBatch, StringArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        use deltalake::parquet::file::properties::WriterProperties;
+
+        let dir = tempfile::tempdir().unwrap();
+        let wh = delta::local_warehouse(dir.path());
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, true),
+            Field::new("_batch_id", DataType::Int64, true),
+            Field::new("day", DataType::Utf8, true),
+        ]));
+        let table = wh.open_or_create("t", &schema, &["day"]).await.unwrap();
+        let id = |batch: i64, day: &str, i: usize| format!("id-{batch}-{day}-{i:04}");
+        let part = |batch: i64, day: &'static str, from: usize, keep_every: usize| {
+            let ids: Vec<String> = (from..from + 300).map(|i| id(batch, day, i)).collect();
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(StringArray::from(ids)),
+                    Arc::new(Int64Array::from(vec![batch; 300])),
+                    Arc::new(StringArray::from(vec![day; 300])),
+                ],
+            )
+            .unwrap();
+            let keep: BooleanArray = (from..from + 300)
+                .map(|i| Some(i % keep_every != 0))
+                .collect();
+            (b, Some(keep))
+        };
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let how = KeptWrite {
+            cut: None,
+            writers: 1,
+            hold: false,
+            remember: Some(0),
+        };
+        // Batch 1: d1, d2, d1 again (a third of the rows dropped); remembered.
+        let parts = vec![
+            part(1, "d1", 0, 3),
+            part(1, "d2", 0, 3),
+            part(1, "d1", 300, 3),
+        ];
+        let written = delta::write_kept(&table, parts, props.clone(), how)
+            .await
+            .unwrap();
+        assert_eq!((written.adds.len(), written.known.len()), (2, 2));
+        let table = delta::commit_adds(table, written.adds.clone(), "app", 1)
+            .await
+            .unwrap();
+        let mut known = Known::default();
+        for (name, file) in written.known {
+            let add = written
+                .adds
+                .iter()
+                .find(|a| a.path.ends_with(&name))
+                .unwrap();
+            let f = std::fs::File::open(dir.path().join("t").join(&add.path)).unwrap();
+            let mut hashes = Vec::new();
+            for b in ParquetRecordBatchReaderBuilder::try_new(f)
+                .unwrap()
+                .build()
+                .unwrap()
+            {
+                let b = b.unwrap();
+                let ids = b.column(0).as_string::<i32>();
+                hashes.extend(ids.iter().map(|v| bloom::hash(v.unwrap().as_bytes())));
+            }
+            assert_eq!(file.hashes, hashes, "{name}: its rows' hashes, in order");
+            assert_eq!(file.size, add.size as u64);
+            known.insert(name, file);
+        }
+        // Batch 2: not remembered (another writer's file, as far as the probe knows).
+        let parts = vec![part(2, "d1", 0, 1000)];
+        let plain = KeptWrite {
+            remember: None,
+            ..how
+        };
+        let written = delta::write_kept(&table, parts, props, plain)
+            .await
+            .unwrap();
+        let table = delta::commit_adds(table, written.adds, "app", 2)
+            .await
+            .unwrap();
+
+        // d1 of batch 1 holds 400 rows (rows 1, 2, 4, 5, … of 0..600) in four groups.
+        let wanted = [
+            id(1, "d1", 1),
+            id(1, "d1", 599),
+            id(1, "d2", 2),
+            id(2, "d1", 7),
+        ];
+        let mut asked: Vec<String> = wanted.to_vec();
+        asked.extend([id(1, "d1", 3), id(1, "d2", 300), "id-x".to_string()]);
+        let ids: Ids<'_> = asked.iter().map(|s| s.as_str()).collect();
+        let incoming = Incoming::of(&ids).unwrap();
+        let days = ["d1".to_string(), "d2".to_string()];
+        for exclude in [None, Some(2)] {
+            let probe = Probe {
+                column: "event_id",
+                partition: ("day", &days),
+                exclude: exclude.map(|b| ("_batch_id", b)),
+            };
+            let by_filters = existing_prepared(&table, &probe, &incoming, None)
+                .await
+                .unwrap();
+            let by_known = existing_prepared(&table, &probe, &incoming, Some(&known))
+                .await
+                .unwrap();
+            let sorted = |f: &Found| {
+                let mut v: Vec<String> = f.ids.iter().cloned().collect();
+                v.sort();
+                v
+            };
+            let expect: Vec<String> = match exclude {
+                None => wanted.to_vec(),
+                Some(_) => wanted[..3].to_vec(),
+            };
+            let mut expect = expect;
+            expect.sort();
+            assert_eq!(sorted(&by_known), expect, "exclude {exclude:?}");
+            assert_eq!(sorted(&by_filters), expect, "exclude {exclude:?}");
+            assert_eq!((by_known.files, by_known.known_files), (3, 2));
+            assert_eq!(by_filters.known_files, 0);
+            // Known: d1's first and last group, d2's first; the unknown file (3 groups
+            // of 100) is read whole (no filter).
+            assert_eq!(by_known.row_groups_read, 3 + 3, "{by_known:?}");
         }
     }
 }

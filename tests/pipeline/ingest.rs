@@ -620,6 +620,75 @@ fn demo_then_run_and_independent_readers_agree() {
     }
 }
 
+/// One run over a backlog of three batches whose later files re-deliver events of the
+/// earlier ones (and one of another day): each event once in bronze, the first delivery
+/// kept, every re-delivery counted a duplicate of its batch — and the later batches'
+/// probes ruled the files this run wrote in or out by the id hashes it kept of them
+/// (`known_files` in the probe's log line), not by reading them.
+#[test]
+fn re_deliveries_across_one_runs_batches_are_each_found_in_its_own_files() {
+    let env = Env::with_config("[ingest]\nmax_files_per_batch = 1\n");
+    let ev = |i: i64, order_id: &str| {
+        let day = if i % 7 == 0 { T0 - 86_400 } else { T0 };
+        order(&format!("e{i}"), day + i, order_id, "A", 1, 100)
+    };
+    // f0: e0..e39; f1: e40..e79 and e3, e14 again; f2: e80..e99 and e7, e50, e79 again.
+    let files: [Vec<String>; 3] = [
+        (0..40).map(|i| ev(i, "first")).collect(),
+        (40..80)
+            .map(|i| ev(i, "first"))
+            .chain([ev(3, "again"), ev(14, "again")])
+            .collect(),
+        (80..100)
+            .map(|i| ev(i, "first"))
+            .chain([ev(7, "again"), ev(50, "again"), ev(79, "again")])
+            .collect(),
+    ];
+    for (k, ls) in files.iter().enumerate() {
+        env.land(
+            &format!("orders/f{k}.ndjson"),
+            &lines(ls),
+            T0 + 10 + k as i64,
+        );
+    }
+    let out = env.kestrel_env(
+        &["run", "--source", "orders"],
+        &[("RUST_LOG", "kestrel::runner::ingest=info")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(env.count("bronze/orders", "SELECT count(*) FROM t"), 100);
+    assert_eq!(
+        env.count("bronze/orders", "SELECT count(DISTINCT event_id) FROM t"),
+        100
+    );
+    assert_eq!(
+        env.count(
+            "bronze/orders",
+            "SELECT count(*) FROM t WHERE order_id = 'again'"
+        ),
+        0,
+        "the first delivery is kept"
+    );
+    let dups = env.query(
+        "_kestrel/runs",
+        "SELECT batch_id, duplicates FROM t WHERE kind = 'ingest' ORDER BY batch_id",
+    );
+    let dups: Vec<Vec<&str>> = dups
+        .iter()
+        .map(|r| r.iter().map(|s| s.as_str()).collect())
+        .collect();
+    assert_eq!(dups, vec![vec!["1", "0"], vec!["2", "2"], vec!["3", "3"]]);
+    // Batch 2 probes batch 1's files (two days); batch 3 those of batches 1 and 2.
+    let known: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("dedup probe"))
+        .filter_map(|l| l.split("known_files=").nth(1))
+        .filter_map(|v| v.split_whitespace().next())
+        .collect();
+    assert_eq!(known, vec!["2", "4"], "{err}");
+}
+
 /// A run ingests what had landed when it started, in as many batches as that takes;
 /// a file landing meanwhile is the next run's — so a run ends (and its jobs run) even
 /// while producers land files faster than it ingests them.

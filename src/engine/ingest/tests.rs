@@ -36,7 +36,8 @@ async fn dedup_in_dates(
     n: i64,
     dates: &BTreeSet<i32>,
 ) -> crate::error::Result<Vec<RecordBatch>> {
-    let masks = crate::runner::ingest::dedup_masks(&batches, bronze, schema, n, dates).await?;
+    let masks =
+        crate::runner::ingest::dedup_masks(&batches, bronze, schema, n, dates, None).await?;
     let date_idx = Some(schema.bronze.index_of(EVENT_DATE)?);
     let mut kept = Vec::new();
     for (b, m) in batches.into_iter().zip(masks) {

@@ -236,7 +236,7 @@ async fn write_partition(
         }
         let rows = vec![batch];
         let masks =
-            crate::runner::ingest::dedup_masks(&rows, &bronze, schema, task.batch_id, &dates)
+            crate::runner::ingest::dedup_masks(&rows, &bronze, schema, task.batch_id, &dates, None)
                 .await?;
         let parts = delta::with_masks(rows, masks);
         counts.written = delta::kept_count(&parts) as u64;
@@ -246,8 +246,12 @@ async fn write_partition(
                 &parts,
             );
             // One writer: the executor's other cores run the other write tasks.
-            let cut = Some(schema.bronze.index_of(EVENT_DATE)?);
-            let written = delta::write_kept(&bronze, parts, cut, props, 1, false).await?;
+            let how = delta::KeptWrite {
+                cut: Some(schema.bronze.index_of(EVENT_DATE)?),
+                writers: 1,
+                ..delta::KeptWrite::default()
+            };
+            let written = delta::write_kept(&bronze, parts, props, how).await?;
             for add in written.adds {
                 kinds.push("add");
                 jsons.push(serde_json::to_string(&add).map_err(|e| stage_err("an add action", e))?);
