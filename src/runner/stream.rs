@@ -212,6 +212,8 @@ pub async fn run(
     stop: &StopFlag,
     mut report: impl FnMut(&PollReport),
 ) -> Result<StreamSummary> {
+    // Memory freed goes back at once: the first poll's million skus peak otherwise.
+    crate::alloc::tune_for_stream();
     let wh = ing.warehouse();
     let mut lease = Lease::acquire(wh, &names::lease::stream(&spec.name), opts.lease_ttl).await?;
     let result = async {
