@@ -31,8 +31,9 @@
 //!   run ends; the daemon drops them when no task is running; the always-on stream
 //!   holds one poll's batch.
 //!
-//! `KESTREL_NEW_ROWS=bronze` turns the handover off (every job reads bronze), for
-//! comparing the two paths.
+//! `KESTREL_NEW_ROWS=bronze` turns the handover off, and the read-ahead of the next
+//! batch's rows ([`super::prefetch`]) with it: every job batch reads bronze when it
+//! runs, for comparing the paths.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,6 +133,16 @@ impl FreshRows {
             }
             None => Some(held.rows.clone()),
         }
+    }
+
+    /// Whether `source`'s rows of `input` are held (a job batch consuming it would take
+    /// them).
+    pub fn holds(&self, source: &str, input: &Input) -> bool {
+        input.upto_batch == input.after_batch + 1
+            && self
+                .held
+                .lock()
+                .is_ok_and(|g| g.get(source).is_some_and(|h| h.batch == input.upto_batch))
     }
 
     /// How many job batches took their new rows from here.

@@ -31,6 +31,7 @@ pub mod mirror;
 pub mod payments;
 pub mod pending;
 pub mod port;
+pub mod prefetch;
 pub mod read;
 pub mod select;
 pub mod stockout;
@@ -182,6 +183,9 @@ pub struct Context<'a> {
     /// New rows this process's ingestion just committed (none: read bronze), see
     /// [`fresh`].
     pub fresh: Option<&'a fresh::FreshRows>,
+    /// The job's read-ahead of its next batch's new rows (none: no read-ahead), see
+    /// [`prefetch`].
+    pub prefetch: Option<&'a prefetch::Prefetch>,
 }
 
 impl<'a> Context<'a> {
@@ -197,6 +201,7 @@ impl<'a> Context<'a> {
             pending: None,
             budget: None,
             fresh: None,
+            prefetch: None,
         }
     }
 
@@ -206,13 +211,28 @@ impl<'a> Context<'a> {
         self
     }
 
-    /// `source`'s new rows of `input` when this process holds them (see [`fresh`]).
-    pub fn fresh_rows(
-        &self,
-        source: &str,
-        input: &crate::job::plan::Input,
-    ) -> Option<Vec<RecordBatch>> {
-        self.fresh.and_then(|f| f.take(source, input))
+    /// The same, reading the next batch's new rows ahead with `prefetch`.
+    pub fn with_prefetch(mut self, prefetch: Option<&'a prefetch::Prefetch>) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Start reading the next batch's new rows ahead, once this batch's own reads are
+    /// done (see [`prefetch`]).
+    pub fn read_ahead(&self) {
+        if let Some(p) = self.prefetch {
+            p.launch();
+        }
+    }
+
+    /// `source`'s new rows of `input` when this process holds them (see [`fresh`]), and
+    /// where a read of them may have been started ahead (see [`prefetch`]).
+    pub fn fresh_rows(&self, source: &str, input: &crate::job::plan::Input) -> read::Given<'a> {
+        read::Given {
+            held: self.fresh.and_then(|f| f.take(source, input)),
+            fresh: self.fresh,
+            prefetch: self.prefetch,
+        }
     }
 
     /// The same, recomputing within `budget`.

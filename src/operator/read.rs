@@ -342,16 +342,40 @@ pub struct NewRows {
     pub(crate) oldest_landed: Option<Micros>,
 }
 
+/// Where a job batch's new rows of a source may be before it reads them from bronze
+/// ([`super::Context::fresh_rows`]).
+pub struct Given<'a> {
+    /// The input's bronze rows as this process's ingestion committed them.
+    pub held: Option<Vec<RecordBatch>>,
+    /// What holds such rows (to know whether the next batch's will be).
+    pub fresh: Option<&'a super::fresh::FreshRows>,
+    /// The job's read-ahead of its batches' new rows.
+    pub prefetch: Option<&'a super::prefetch::Prefetch>,
+}
+
+impl Given<'_> {
+    /// Nothing held, nothing read ahead: read bronze.
+    pub fn none() -> Self {
+        Given {
+            held: None,
+            fresh: None,
+            prefetch: None,
+        }
+    }
+}
+
 /// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
 /// split them against `cutoff` (W at batch start − lookback), read the too-late ones
 /// whole, and record the batch in `state`: watermark observed (not advanced), position
 /// moved, cut-off kept while later reads can reach `reach` below it. A source with no
-/// new ingestion batch, or no bronze table (`ctx` None), has no rows. `fresh`: the
+/// new ingestion batch, or no bronze table (`ctx` None), has no rows. `given`: the
 /// input's bronze rows as this process's ingestion committed them
-/// ([`super::Context::fresh_rows`]), taken instead of reading them.
+/// ([`super::Context::fresh_rows`]), taken instead of reading them, or the read started
+/// ahead ([`super::prefetch`]); once this batch has its rows, the next batch's read is
+/// started ahead.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn take_new_rows(
-    fresh: Option<Vec<RecordBatch>>,
+    given: Given<'_>,
     ctx: Option<&SessionContext>,
     table: &str,
     source: &str,
@@ -371,7 +395,12 @@ pub(crate) async fn take_new_rows(
     if input.upto_batch <= input.after_batch {
         return Ok(empty());
     }
-    let rows = match (fresh, ctx) {
+    let Given {
+        held,
+        fresh,
+        prefetch,
+    } = given;
+    let rows = match (held, ctx) {
         (Some(held), _) => {
             let t = std::time::Instant::now();
             let rows = held_rows(&held, target, bronze, cutoff)?;
@@ -387,7 +416,17 @@ pub(crate) async fn take_new_rows(
         (None, None) => empty(),
         (None, Some(ctx)) => {
             let between = batches_between(input.after_batch, input.upto_batch);
-            let new = read(ctx, table, between.clone(), target).await?;
+            let ahead = match prefetch {
+                Some(p) => p.take(source, table, input, target).await,
+                None => None,
+            };
+            let new = match ahead {
+                Some(rows) => {
+                    tracing::debug!(source, batch = input.upto_batch, "new rows read ahead");
+                    rows?
+                }
+                None => read(ctx, table, between.clone(), target).await?,
+            };
             let (applied, too_late) = agg::split_late(&new, cutoff)?;
             let too_late = match cutoff {
                 Some(c) if too_late.num_rows() > 0 => {
@@ -404,6 +443,17 @@ pub(crate) async fn take_new_rows(
             }
         }
     };
+    if let (Some(p), Some(ctx)) = (prefetch, ctx) {
+        let (ctx, table_name, to) = (ctx.clone(), table.to_string(), target.clone());
+        p.plan_next(
+            source,
+            table,
+            input,
+            target,
+            |next| fresh.is_some_and(|f| f.holds(source, next)),
+            move |next| super::prefetch::read_new(ctx, table_name, next, to),
+        );
+    }
     agg::observe(&mut state.watermark, source, &rows.new)?;
     state.positions.insert(source.to_string(), input.upto_batch);
     if let Some(c) = cutoff {

@@ -340,6 +340,7 @@ impl Operator for Windowed {
                 }
                 let ranges = scope.ranges();
                 let rows = recompute_rows(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
+                cx.read_ahead();
                 let (assigned, sessions) = agg::assign_sessions(&mut enc, &rows, &scope, gap)?;
                 let (agg_schema, out) = agg::aggregate(assigned, keys, aggregates, true).await?;
                 let gold_schema = agg::gold_schema(&agg_schema, keys, true);
@@ -380,6 +381,9 @@ impl Operator for Windowed {
                 }
                 let rows =
                     recompute_parts(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
+                // The batch's reads are done: the next batch's new rows are read while
+                // this one assigns and aggregates on one core.
+                cx.read_ahead();
                 let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
                 let assigned =
                     agg::assign_windows_in(&mut enc, window, &rows, &mut touched, advanced)?;

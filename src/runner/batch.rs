@@ -315,6 +315,11 @@ impl JobRunner {
             .zip(positions[1..].iter().copied())
             .collect();
         let mut state = self.state_before(spec, done + 1).await?;
+        // Reading each next batch's new rows while one computes (not in the always-on
+        // mode, whose next batch has not landed, nor on a cluster).
+        use crate::operator::prefetch;
+        let prefetch = (self.pending.is_none() && self.cluster.is_none() && prefetch::enabled())
+            .then(|| prefetch::Prefetch::new(ingested.clone()));
         loop {
             // Stopped (also before the first batch: one that has not started is not
             // running, and the next run does it).
@@ -337,7 +342,9 @@ impl JobRunner {
                 },
             };
             fault::point("job_after_plan");
-            let (entry, after) = self.execute(spec, &plan, state, resumed).await?;
+            let (entry, after) = self
+                .execute(spec, &plan, state, resumed, prefetch.as_ref())
+                .await?;
             report.batches.push(entry);
             state = after;
             done = n;
@@ -430,13 +437,15 @@ impl JobRunner {
     }
 
     /// Run batch `plan` from `before` (`resumed`: its plan was found, a run before was
-    /// interrupted in it); returns its run-log entry and the state after it.
+    /// interrupted in it), reading new rows ahead with `prefetch`; returns its run-log
+    /// entry and the state after it.
     async fn execute(
         &self,
         spec: &JobSpec,
         plan: &JobPlan,
         before: JobState,
         resumed: bool,
+        prefetch: Option<&crate::operator::prefetch::Prefetch>,
     ) -> Result<(JobEntry, JobState)> {
         let started = self.now_us();
         let cpu0 = crate::time::clock::cpu_us();
@@ -477,8 +486,12 @@ impl JobRunner {
             _ => {
                 let mut c = spec
                     .operator
-                    .process(&self.context(), spec, plan, before)
+                    .process(&self.context().with_prefetch(prefetch), spec, plan, before)
                     .await?;
+                // Operators that do not start it themselves: during the MERGE.
+                if let Some(p) = prefetch {
+                    p.launch();
+                }
                 c.result = plan::write_result(&self.wh, &c.result).await?;
                 c
             }

@@ -1,7 +1,9 @@
 //! The jobs of a `kestrel run` take the ingestion batch the run has just committed from
 //! memory instead of reading it back from bronze (`operator::fresh`); earlier batches of
-//! a backlog, and everything after a restart, come from bronze. Both paths give the same
-//! tables: a replay with the handover and one with `KESTREL_NEW_ROWS=bronze` end equal.
+//! a backlog, and everything after a restart, come from bronze — each read while the job
+//! batch before it computes (`operator::prefetch`). The paths give the same tables: a
+//! replay with the handover and the read-ahead and one with `KESTREL_NEW_ROWS=bronze`
+//! (every batch reads bronze when it runs) end equal.
 
 use crate::common::*;
 use crate::compaction::{assert_same_tables, buckets, demo_files, land_all, late_order};
@@ -9,10 +11,14 @@ use crate::compaction::{assert_same_tables, buckets, demo_files, land_all, late_
 /// The debug line of a job batch that took its new rows from memory.
 const TAKEN: &str = "new rows taken in memory";
 
+/// The debug line of a job batch whose new rows were read while the batch before it
+/// computed (`operator::prefetch`).
+const AHEAD: &str = "new rows read ahead";
+
 /// A replay of an hour of demo drops (duplicates, malformed lines, orders too late for
 /// the revenue jobs, a backlog of several ingestion batches per source in every run),
-/// once with the handover and once reading bronze: every bronze, quarantine, gold and
-/// late table and the run log are the same, and the handover was used.
+/// once with the handover and the read-ahead and once reading bronze: every bronze,
+/// quarantine, gold and late table and the run log are the same, and both were used.
 #[test]
 fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
     let files = demo_files();
@@ -22,7 +28,7 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
     let (memory, bronze) = (Env::with_config(cfg), Env::with_config(cfg));
     let bs = buckets(&files);
     assert!(bs.len() >= 4, "{} buckets", bs.len());
-    let mut taken = [0usize; 2];
+    let (mut taken, mut ahead) = ([0usize; 2], [0usize; 2]);
     for (i, b) in bs.iter().enumerate() {
         for (k, env) in [&memory, &bronze].into_iter().enumerate() {
             land_all(env, b);
@@ -40,6 +46,7 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(0), "bucket {i}: {err}");
             taken[k] += err.lines().filter(|l| l.contains(TAKEN)).count();
+            ahead[k] += err.lines().filter(|l| l.contains(AHEAD)).count();
         }
     }
     assert_same_tables(&memory, &bronze);
@@ -50,4 +57,14 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
         taken[0]
     );
     assert_eq!(taken[1], 0, "KESTREL_NEW_ROWS=bronze reads bronze");
+    // A backlog's batches before the last are read ahead.
+    assert!(
+        ahead[0] > 0,
+        "{} batches had their rows read ahead",
+        ahead[0]
+    );
+    assert_eq!(
+        ahead[1], 0,
+        "KESTREL_NEW_ROWS=bronze reads bronze when a batch runs"
+    );
 }
