@@ -179,18 +179,19 @@ pub struct Touched {
 
 impl Touched {
     /// Windows of the applied new rows; those already final (end <= `w_before`) are
-    /// corrections.
+    /// corrections. Returns the rows' key ids (every window of theirs is touched now:
+    /// [`assign_windows_in`] takes them as its last part's).
     pub fn add_applied(
         &mut self,
         enc: &mut KeyEncoder,
         spec: &WindowSpec,
         applied: &RecordBatch,
         w_before: Option<Micros>,
-    ) -> Result<()> {
+    ) -> Result<Vec<KeyId>> {
         let keys = enc.encode(applied)?;
         let ts = crate::columns::event_ts(applied)?;
         let mut corrected: FastSet<(KeyId, Micros)> = FastSet::default();
-        for (i, key) in keys.into_iter().enumerate() {
+        for (i, key) in keys.iter().copied().enumerate() {
             if ts.is_null(i) {
                 continue;
             }
@@ -202,7 +203,7 @@ impl Touched {
             });
         }
         self.corrections += corrected.len();
-        Ok(())
+        Ok(keys)
     }
 
     /// Event-time ranges `[lo, hi)` covering the touched windows, merged.
@@ -277,9 +278,16 @@ pub fn assign_windows(
     touched: &mut Touched,
     finalising: Option<(Option<Micros>, Micros)>,
 ) -> Result<RecordBatch> {
-    assign_windows_in(enc, spec, std::slice::from_ref(rows), touched, finalising)?
-        .pop()
-        .ok_or_else(|| no_batches("window assignment"))
+    assign_windows_in(
+        enc,
+        spec,
+        std::slice::from_ref(rows),
+        touched,
+        finalising,
+        None,
+    )?
+    .pop()
+    .ok_or_else(|| no_batches("window assignment"))
 }
 
 fn no_batches(what: &str) -> Error {
@@ -292,17 +300,42 @@ fn no_batches(what: &str) -> Error {
 /// recompute's rows are the bronze read's batches and the new rows; concatenating them
 /// first copied every row once more, and then again to take the touched windows' rows
 /// (≈ 40 % of the job's own CPU time on 5M orders, `--bench jobs -- throughput`).
+///
+/// `applied`: the key ids of the last part when it is the applied new rows
+/// [`Touched::add_applied`] returned them for: every window of theirs is touched, so
+/// they are neither encoded again nor looked up (half the rows of a batch that reads
+/// back as many as it brings; its assignment took 73–119 ms per 1.4M new rows).
 pub fn assign_windows_in(
     enc: &mut KeyEncoder,
     spec: &WindowSpec,
     parts: &[RecordBatch],
     touched: &mut Touched,
     finalising: Option<(Option<Micros>, Micros)>,
+    applied: Option<Vec<KeyId>>,
 ) -> Result<Vec<RecordBatch>> {
+    let all_touched = match (&applied, parts.last()) {
+        (Some(k), Some(last)) if k.len() == last.num_rows() => parts.len() - 1,
+        (Some(k), last) => {
+            return Err(arrow::error::ArrowError::InvalidArgumentError(format!(
+                "window assignment: {} applied key ids for a last part of {} rows",
+                k.len(),
+                last.map_or(0, |b| b.num_rows())
+            ))
+            .into())
+        }
+        (None, _) => usize::MAX,
+    };
+    let mut applied = applied;
     let mut keys = Vec::with_capacity(parts.len());
     let mut stamps = Vec::with_capacity(parts.len());
-    for rows in parts {
-        keys.push(enc.encode(rows)?);
+    for (p, rows) in parts.iter().enumerate() {
+        keys.push(match (p == all_touched, applied.take()) {
+            (true, Some(k)) => k,
+            (_, k) => {
+                applied = k;
+                enc.encode(rows)?
+            }
+        });
         stamps.push(crate::columns::event_ts(rows)?);
     }
     if let Some((b, a)) = finalising {
@@ -320,7 +353,8 @@ pub fn assign_windows_in(
         }
     }
     let mut out = Vec::with_capacity(parts.len());
-    for ((rows, keys), ts) in parts.iter().zip(keys).zip(&stamps) {
+    for (p, ((rows, keys), ts)) in parts.iter().zip(keys).zip(&stamps).enumerate() {
+        let every = p == all_touched;
         let mut idx: Vec<u32> = Vec::with_capacity(rows.num_rows());
         let mut starts: Vec<Micros> = Vec::with_capacity(rows.num_rows());
         for (i, key) in keys.into_iter().enumerate() {
@@ -328,7 +362,7 @@ pub fn assign_windows_in(
                 continue;
             }
             spec.each_window(ts.value(i), |start, _| {
-                if touched.windows.contains(&(key, start)) {
+                if every || touched.windows.contains(&(key, start)) {
                     idx.push(i as u32);
                     starts.push(start);
                 }
@@ -954,9 +988,10 @@ mod tests {
                         .unwrap();
                     let out = match split {
                         true => {
-                            let out =
-                                assign_windows_in(&mut enc, &spec, &parts, &mut t, finalising)
-                                    .unwrap();
+                            let out = assign_windows_in(
+                                &mut enc, &spec, &parts, &mut t, finalising, None,
+                            )
+                            .unwrap();
                             assert_eq!(out.len(), parts.len());
                             arrow::compute::concat_batches(&out[0].schema(), &out).unwrap()
                         }
@@ -984,9 +1019,94 @@ mod tests {
             &[],
             &mut Touched::default(),
             None,
+            None,
         )
         .unwrap();
         assert!(none.is_empty());
+    }
+
+    /// A recompute's parts end with the applied new rows: taking their key ids from
+    /// `add_applied` (no second encoding, no lookups) assigns the same rows, windows and
+    /// ids as looking every row up — with a row whose event time is null, finalising
+    /// windows, tumbling and sliding; key ids that do not fit the last part are an error.
+    #[test]
+    fn the_applied_rows_keys_from_touching_assign_as_looking_them_up() {
+        // Event times may be null: a schema that allows it.
+        let rows = |data: &[(&str, Option<Micros>)]| {
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("sku", DataType::Utf8, false),
+                Field::new("event_ts", ts_type(), true),
+                Field::new("amount", DataType::Int64, false),
+            ]));
+            RecordBatch::try_new(
+                schema,
+                vec![
+                    Arc::new(StringArray::from(
+                        data.iter().map(|d| d.0).collect::<Vec<_>>(),
+                    )),
+                    Arc::new(
+                        TimestampMicrosecondArray::from(
+                            data.iter().map(|d| d.1).collect::<Vec<_>>(),
+                        )
+                        .with_timezone("UTC"),
+                    ),
+                    Arc::new(Int64Array::from(vec![1; data.len()])),
+                ],
+            )
+            .unwrap()
+        };
+        let older = [
+            rows(&[("a", Some(12 * M)), ("c", Some(2 * M)), ("b", Some(7 * M))]),
+            rows(&[("b", Some(13 * M)), ("e", Some(4 * M))]),
+        ];
+        let applied = rows(&[
+            ("a", Some(12 * M)),
+            ("b", None),
+            ("c", Some(14 * M)),
+            ("d", Some(9 * M)),
+        ]);
+        let mut parts = older.to_vec();
+        parts.push(applied.clone());
+        for spec in [
+            WindowSpec::Tumbling { size: 5 * M },
+            WindowSpec::Sliding {
+                size: 10 * M,
+                slide: 5 * M,
+            },
+        ] {
+            for finalising in [None, Some((Some(5 * M), 10 * M))] {
+                let assign = |given: bool| {
+                    let mut enc = KeyEncoder::new(&applied.schema(), &keys()).unwrap();
+                    let mut t = Touched::default();
+                    let ids = t
+                        .add_applied(&mut enc, &spec, &applied, Some(11 * M))
+                        .unwrap();
+                    let given = given.then_some(ids);
+                    let out = assign_windows_in(&mut enc, &spec, &parts, &mut t, finalising, given)
+                        .unwrap();
+                    let windows: std::collections::BTreeSet<_> = t.windows.into_iter().collect();
+                    let ids = parts
+                        .iter()
+                        .map(|p| enc.encode(p).unwrap())
+                        .collect::<Vec<_>>();
+                    (out, windows, ids)
+                };
+                let (given, looked_up) = (assign(true), assign(false));
+                assert_eq!(given, looked_up, "{spec:?} {finalising:?}");
+                assert_eq!(given.0.len(), parts.len());
+                assert!(given.0[parts.len() - 1].num_rows() >= 3);
+            }
+        }
+        let mut enc = KeyEncoder::new(&applied.schema(), &keys()).unwrap();
+        let wrong = assign_windows_in(
+            &mut enc,
+            &WindowSpec::Tumbling { size: 5 * M },
+            &parts,
+            &mut Touched::default(),
+            None,
+            Some(vec![0; 2]),
+        );
+        assert!(wrong.is_err());
     }
 
     #[test]

@@ -369,7 +369,7 @@ impl Operator for Windowed {
             _ => {
                 let mut touched = Touched::default();
                 let t = Instant::now();
-                touched.add_applied(&mut enc, window, &applied, w_before)?;
+                let applied_keys = touched.add_applied(&mut enc, window, &applied, w_before)?;
                 let touch_ms = t.elapsed().as_millis() as u64;
                 let mut ranges = touched.ranges(window);
                 if let Some((b, a)) = advanced {
@@ -385,8 +385,15 @@ impl Operator for Windowed {
                 // this one assigns and aggregates on one core.
                 cx.read_ahead();
                 let read_ms = t.elapsed().as_millis() as u64 - touch_ms;
-                let assigned =
-                    agg::assign_windows_in(&mut enc, window, &rows, &mut touched, advanced)?;
+                // The last part is the applied rows (see `recompute_parts`).
+                let assigned = agg::assign_windows_in(
+                    &mut enc,
+                    window,
+                    &rows,
+                    &mut touched,
+                    advanced,
+                    Some(applied_keys),
+                )?;
                 let assign_ms = t.elapsed().as_millis() as u64 - touch_ms - read_ms;
                 let (agg_schema, out) =
                     agg::aggregate_parts(assigned, keys, aggregates, false).await?;
@@ -763,6 +770,7 @@ async fn recompute_rows(
 /// The rows of a recompute — the applied bronze rows of `ranges` from ingestion batches up
 /// to `older` (as the read produced them), then `applied` — not concatenated: window
 /// assignment takes each batch's rows of the touched windows ([`agg::assign_windows_in`]).
+/// The applied rows are always the last part.
 async fn recompute_parts(
     ctx: Option<&SessionContext>,
     ranges: &[(Micros, Micros)],

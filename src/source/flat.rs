@@ -233,8 +233,20 @@ mod tests {
     #[test]
     fn names_compare_equal_exactly_when_their_bytes_do() {
         let names = [
-            "", "a", "ab", "abc", "abcd", "abcde", "abcdefg", "abcdefgh", "abcdefghi",
-            "abcdefghijklmnop", "abcdefghijklmnopq", "event_id", "event_ts", "amount_cents",
+            "",
+            "a",
+            "ab",
+            "abc",
+            "abcd",
+            "abcde",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefghi",
+            "abcdefghijklmnop",
+            "abcdefghijklmnopq",
+            "event_id",
+            "event_ts",
+            "amount_cents",
         ];
         for a in names {
             for b in names {
