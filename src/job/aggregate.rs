@@ -135,7 +135,18 @@ pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<(
     let landed = batch
         .column_by_name("_landed_at")
         .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>());
+    type Maxima<'a> = (&'a str, (Micros, Micros));
     let mut per: BTreeMap<&str, (Micros, Micros)> = BTreeMap::new();
+    // Rows come in runs of one partition (a landed file's): the run's maxima are kept
+    // here and go to `per` when the partition changes, not looked up row by row.
+    let mut run: Option<Maxima<'_>> = None;
+    fn flush<'a>(per: &mut BTreeMap<&'a str, (Micros, Micros)>, run: Option<Maxima<'a>>) {
+        if let Some((p, (t, l))) = run {
+            let e = per.entry(p).or_insert((Micros::MIN, Micros::MIN));
+            e.0 = e.0.max(t);
+            e.1 = e.1.max(l);
+        }
+    }
     for i in 0..batch.num_rows() {
         if ts.is_null(i) {
             continue;
@@ -157,10 +168,17 @@ pub fn observe(w: &mut Watermark, source: &str, batch: &RecordBatch) -> Result<(
                 l.value(i)
             }
         });
-        let e = per.entry(p).or_insert((Micros::MIN, Micros::MIN));
-        e.0 = e.0.max(ts.value(i));
-        e.1 = e.1.max(l);
+        let v = ts.value(i);
+        if matches!(run, Some((q, _)) if q == p) {
+            if let Some((_, e)) = &mut run {
+                e.0 = e.0.max(v);
+                e.1 = e.1.max(l);
+            }
+        } else {
+            flush(&mut per, run.replace((p, (v, l))));
+        }
     }
+    flush(&mut per, run);
     for (p, (max_ts, newest)) in per {
         w.observe(source, p, max_ts, newest);
     }
@@ -902,6 +920,52 @@ mod tests {
         let mut w = Watermark::new(&["orders"], 0, 5 * M);
         observe(&mut w, "orders", &rows(&[("a", 10 * M), ("a", 3 * M)])).unwrap();
         assert_eq!(w.advance(), Some(10 * M));
+    }
+
+    /// Rows of partitions in runs, interleaved, with null partitions and arrival times:
+    /// each partition's maxima are those of its rows, looked at one by one.
+    #[test]
+    fn observe_keeps_each_partitions_maxima_over_interleaved_runs() {
+        let data: [(Option<&str>, Micros, Option<Micros>); 8] = [
+            (Some("0"), 5 * M, Some(20 * M)),
+            (Some("0"), 9 * M, Some(21 * M)),
+            (Some("1"), 3 * M, Some(30 * M)),
+            (None, 7 * M, None),
+            (Some("0"), 2 * M, Some(25 * M)),
+            (Some("1"), 11 * M, Some(22 * M)),
+            (None, M, Some(40 * M)),
+            (Some("0"), 8 * M, None),
+        ];
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_ts", ts_type(), false),
+            Field::new("_source_partition", DataType::Utf8, true),
+            Field::new("_landed_at", ts_type(), true),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(
+                    TimestampMicrosecondArray::from(data.iter().map(|d| d.1).collect::<Vec<_>>())
+                        .with_timezone("UTC"),
+                ),
+                Arc::new(StringArray::from(
+                    data.iter().map(|d| d.0).collect::<Vec<_>>(),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from(data.iter().map(|d| d.2).collect::<Vec<_>>())
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        let mut w = Watermark::new(&["orders"], 0, 5 * M);
+        observe(&mut w, "orders", &b).unwrap();
+        let mut want = crate::time::watermark::SourceWatermark::default();
+        for (p, ts, landed) in data {
+            want.observe(p.unwrap_or("default"), ts, landed.unwrap_or(ts));
+        }
+        assert_eq!(w.sources["orders"], want);
+        assert_eq!(want.partitions.len(), 3);
     }
 
     #[tokio::test]
