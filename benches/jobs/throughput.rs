@@ -21,7 +21,8 @@
 //! 3. DataFusion alone: the same query over the same files (no validation, Delta or
 //!    MERGE).
 //!
-//! The three results are compared row by row (kestrel's from `gold/revenue_5m`); a
+//! Each step starts with every dirty page written back ([`settle`]). The three results
+//! are compared row by row (kestrel's from `gold/revenue_5m`); a
 //! difference fails the bench.
 
 use std::collections::BTreeMap;
@@ -97,6 +98,15 @@ fn generate(dir: &Path, events: usize) -> (Vec<PathBuf>, u64, usize) {
         files.push(path);
     }
     (files, bytes, distinct)
+}
+
+/// Write every dirty page back (`sync`) before a measured step, so that no step shares
+/// the machine with the kernel writing back what ran before it: the 1.4 GB of landing
+/// files this bench has just generated and copied, then each step's bronze files.
+fn settle() {
+    if let Err(e) = std::process::Command::new("sync").status() {
+        eprintln!("sync: {e}");
+    }
 }
 
 /// Copy the first half of `files` (with their modification times) under `to`.
@@ -304,7 +314,9 @@ pub async fn throughput(
         cores()
     );
 
+    settle();
     let (h_s, _, _, h_rss) = kestrel_once(&half);
+    settle();
     let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full);
     println!(
         "kestrel landing → bronze → gold/revenue_5m: {k_s:.2} s, {:.0} events/s (ingest {ingest_s:.2} s, job {job_s:.2} s), peak RSS {:.0} MiB",
@@ -318,6 +330,7 @@ pub async fn throughput(
     );
     let gold = gold_rows(&full).await;
 
+    settle();
     let (df_s, df_rows) = datafusion_alone(&landing).await;
     println!(
         "DataFusion alone (NDJSON → dedup → aggregate, no Delta): {df_s:.2} s, {:.0} events/s",
@@ -327,6 +340,7 @@ pub async fn throughput(
         panic!("kestrel's gold/revenue_5m differs from DataFusion's aggregate: {d}");
     }
 
+    settle();
     match duckdb(&landing, &base.join("duckdb-revenue.parquet")) {
         Ok((dd_s, dd_rss, dd_rows)) => {
             println!(
