@@ -10,7 +10,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{StructType, Transaction};
-use deltalake::parquet::basic::Compression;
+use deltalake::parquet::basic::{Compression, Encoding};
 use deltalake::parquet::file::properties::WriterProperties;
 use deltalake::parquet::schema::types::ColumnPath;
 use deltalake::protocol::SaveMode;
@@ -502,6 +502,19 @@ pub const LOOKUP_KEY_BLOOM_FPP: f64 = 1e-5;
 /// 3.46 and 3.39 s without; the 2M-order bronze table 473 → 462 MB.
 pub const BRONZE_NO_DICTIONARY: [&str; 3] = ["event_id", "_source_line", "event_ts"];
 
+/// Bronze's integer and time columns written as deltas (`DELTA_BINARY_PACKED`), without a
+/// dictionary: the bookkeeping a file or a batch shares (arrival, ingestion batch and
+/// time), line numbers counting up and event times close to their neighbours' are a
+/// few bits per value that way, where a dictionary hashed every value into one and
+/// plain values were Snappy-compressed.
+pub const BRONZE_DELTA_ENCODED: [&str; 5] = [
+    "event_ts",
+    "_source_line",
+    "_landed_at",
+    "_batch_id",
+    "_ingested_at",
+];
+
 /// Parquet settings of bronze files (ingestion appends and their compaction alike): ids,
 /// line numbers, event times and [`LOOKUP_KEYS`] without dictionaries
 /// ([`BRONZE_NO_DICTIONARY`]), a bloom filter on `event_id` so dedup reads only the row
@@ -596,6 +609,11 @@ fn bronze_props<'a>(
     let mut b = WriterProperties::builder().set_compression(Compression::SNAPPY);
     for c in BRONZE_NO_DICTIONARY.iter().chain(&LOOKUP_KEYS) {
         b = b.set_column_dictionary_enabled(ColumnPath::from(*c), false);
+    }
+    for c in BRONZE_DELTA_ENCODED {
+        b = b
+            .set_column_dictionary_enabled(ColumnPath::from(c), false)
+            .set_column_encoding(ColumnPath::from(c), Encoding::DELTA_BINARY_PACKED);
     }
     let mut b = b
         .set_column_compression(id.clone(), compression("event_id"))
@@ -1580,6 +1598,87 @@ mod tests {
         (0..rg.num_columns())
             .map(|c| rg.column(c).compression())
             .collect()
+    }
+
+    /// Bronze's integer and time bookkeeping columns are written as deltas without a
+    /// dictionary, read back to the same values; `sku` keeps its dictionary.
+    #[test]
+    fn bronze_bookkeeping_columns_are_delta_encoded_and_read_back_the_same() {
+        use arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
+        use deltalake::parquet::basic::Encoding;
+        let ts =
+            || DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, false),
+            Field::new("event_ts", ts(), false),
+            Field::new("sku", DataType::Utf8, false),
+            Field::new("_landed_at", ts(), false),
+            Field::new("_source_line", DataType::Int64, false),
+            Field::new("_batch_id", DataType::Int64, false),
+            Field::new("_ingested_at", ts(), true),
+        ]));
+        let n = 5000i64;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("e{i}")),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        (0..n).map(|i| 1_763_596_890_000_000 + i * 997 - (i % 7) * 50_000),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("SKU-{}", i % 9)),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![1_763_596_900_000_000; n as usize])
+                        .with_timezone("UTC"),
+                ),
+                Arc::new(Int64Array::from_iter_values(1..=n)),
+                Arc::new(Int64Array::from(vec![7; n as usize])),
+                Arc::new(
+                    TimestampMicrosecondArray::from(
+                        (0..n)
+                            .map(|i| (i % 100 != 0).then_some(i))
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        let props = bronze_writer_properties(["event_id", "event_ts", "sku"]);
+        let mut buf = Vec::new();
+        let mut w =
+            deltalake::parquet::arrow::ArrowWriter::try_new(&mut buf, schema, Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let bytes = bytes::Bytes::from(buf);
+        let meta = deltalake::parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .unwrap();
+        let rg = meta.row_group(0);
+        for c in 0..rg.num_columns() {
+            let col = rg.column(c);
+            let name = col.column_path().string();
+            let delta = col.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED);
+            let dict = col.encodings().any(|e| e == Encoding::RLE_DICTIONARY);
+            let want = BRONZE_DELTA_ENCODED.contains(&name.as_str());
+            assert_eq!((delta, dict && want), (want, false), "{name}");
+            if name == "sku" {
+                assert!(dict, "sku keeps its dictionary");
+            }
+        }
+        let back: Vec<RecordBatch> =
+            deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(bytes, 8192)
+                .unwrap()
+                .collect::<std::result::Result<_, _>>()
+                .unwrap();
+        let back = arrow::compute::concat_batches(&back[0].schema(), &back).unwrap();
+        assert_eq!(back, batch);
     }
 
     /// The lookup keys' compression is chosen the same way as event_id's, column by
