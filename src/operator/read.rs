@@ -353,17 +353,6 @@ pub struct Given<'a> {
     pub prefetch: Option<&'a super::prefetch::Prefetch>,
 }
 
-impl Given<'_> {
-    /// Nothing held, nothing read ahead: read bronze.
-    pub fn none() -> Self {
-        Given {
-            held: None,
-            fresh: None,
-            prefetch: None,
-        }
-    }
-}
-
 /// Read `source`'s new rows of `input` (columns of `target`) from table `table` of `ctx`,
 /// split them against `cutoff` (W at batch start − lookback), read the too-late ones
 /// whole, and record the batch in `state`: watermark observed (not advanced), position
