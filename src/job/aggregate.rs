@@ -881,9 +881,15 @@ mod tests {
     const M: Micros = 60_000_000;
 
     fn rows(data: &[(&str, Micros)]) -> RecordBatch {
+        let data: Vec<_> = data.iter().map(|(k, t)| (*k, Some(*t))).collect();
+        rows_of(&data, false)
+    }
+
+    /// Rows of (sku, event time) with amount 1; `nullable`: event times may be null.
+    fn rows_of(data: &[(&str, Option<Micros>)], nullable: bool) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![
             Field::new("sku", DataType::Utf8, false),
-            Field::new("event_ts", ts_type(), false),
+            Field::new("event_ts", ts_type(), nullable),
             Field::new("amount", DataType::Int64, false),
         ]));
         RecordBatch::try_new(
@@ -1096,29 +1102,7 @@ mod tests {
     #[test]
     fn the_applied_rows_keys_from_touching_assign_as_looking_them_up() {
         // Event times may be null: a schema that allows it.
-        let rows = |data: &[(&str, Option<Micros>)]| {
-            let schema = Arc::new(Schema::new(vec![
-                Field::new("sku", DataType::Utf8, false),
-                Field::new("event_ts", ts_type(), true),
-                Field::new("amount", DataType::Int64, false),
-            ]));
-            RecordBatch::try_new(
-                schema,
-                vec![
-                    Arc::new(StringArray::from(
-                        data.iter().map(|d| d.0).collect::<Vec<_>>(),
-                    )),
-                    Arc::new(
-                        TimestampMicrosecondArray::from(
-                            data.iter().map(|d| d.1).collect::<Vec<_>>(),
-                        )
-                        .with_timezone("UTC"),
-                    ),
-                    Arc::new(Int64Array::from(vec![1; data.len()])),
-                ],
-            )
-            .unwrap()
-        };
+        let rows = |data: &[(&str, Option<Micros>)]| rows_of(data, true);
         let older = [
             rows(&[("a", Some(12 * M)), ("c", Some(2 * M)), ("b", Some(7 * M))]),
             rows(&[("b", Some(13 * M)), ("e", Some(4 * M))]),
