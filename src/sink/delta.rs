@@ -499,8 +499,10 @@ pub const LOOKUP_KEY_BLOOM_FPP: f64 = 1e-5;
 /// then referenced by an index — encoded and compressed twice. Measured on 5M orders
 /// (`cargo bench --bench jobs -- throughput`, two alternating pairs): bronze encoding
 /// and commit 4.04 and 3.93 s a run with dictionaries on `event_ts` and `order_id`,
-/// 3.46 and 3.39 s without; the 2M-order bronze table 473 → 462 MB.
-pub const BRONZE_NO_DICTIONARY: [&str; 3] = ["event_id", "_source_line", "event_ts"];
+/// 3.46 and 3.39 s without; the 2M-order bronze table 473 → 462 MB. Line numbers and
+/// event times are among the [`BRONZE_DELTA_ENCODED`] columns, which have no dictionary
+/// either.
+pub const BRONZE_NO_DICTIONARY: [&str; 1] = ["event_id"];
 
 /// Bronze's integer and time columns written as deltas (`DELTA_BINARY_PACKED`), without a
 /// dictionary: the bookkeeping a file or a batch shares (arrival, ingestion batch and
@@ -517,7 +519,7 @@ pub const BRONZE_DELTA_ENCODED: [&str; 5] = [
 
 /// Parquet settings of bronze files (ingestion appends and their compaction alike): ids,
 /// line numbers, event times and [`LOOKUP_KEYS`] without dictionaries
-/// ([`BRONZE_NO_DICTIONARY`]), a bloom filter on `event_id` so dedup reads only the row
+/// ([`BRONZE_NO_DICTIONARY`], [`BRONZE_DELTA_ENCODED`]), a bloom filter on `event_id` so dedup reads only the row
 /// groups that may hold an incoming id, and one on each of the [`LOOKUP_KEYS`] among
 /// `columns` (the table's columns). Filters are sized for a full row group and folded by
 /// the writer to what a row group holds, so a five-minute append of a few hundred events
