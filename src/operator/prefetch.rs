@@ -119,14 +119,13 @@ impl Prefetch {
         let Ok(mut started) = self.started.lock() else {
             return;
         };
-        for (_, ahead) in started.iter_mut() {
-            if matches!(ahead, Ahead::Planned(_)) {
-                let placeholder = Ahead::Planned(Box::pin(std::future::pending()));
-                if let Ahead::Planned(read) = std::mem::replace(ahead, placeholder) {
-                    *ahead = Ahead::Running(tokio::spawn(read));
-                }
-            }
-        }
+        *started = std::mem::take(&mut *started)
+            .into_iter()
+            .map(|(key, ahead)| match ahead {
+                Ahead::Planned(read) => (key, Ahead::Running(tokio::spawn(read))),
+                running => (key, running),
+            })
+            .collect();
     }
 
     /// After a batch read `input`'s rows of `source`: plan reading the next ingestion
