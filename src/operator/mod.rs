@@ -225,11 +225,10 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// `source`'s new rows of `input` when this process holds them (see [`fresh`]), and
-    /// where a read of them may have been started ahead (see [`prefetch`]).
-    pub fn fresh_rows(&self, source: &str, input: &crate::job::plan::Input) -> read::Given<'a> {
+    /// Where a batch's new rows may be before a bronze read: held by this process's
+    /// ingestion (see [`fresh`]), or read ahead (see [`prefetch`]).
+    pub fn given_rows(&self) -> read::Given<'a> {
         read::Given {
-            held: self.fresh.and_then(|f| f.take(source, input)),
             fresh: self.fresh,
             prefetch: self.prefetch,
         }

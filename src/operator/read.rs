@@ -343,11 +343,9 @@ pub struct NewRows {
 }
 
 /// Where a job batch's new rows of a source may be before it reads them from bronze
-/// ([`super::Context::fresh_rows`]).
+/// ([`super::Context::given_rows`]).
 pub struct Given<'a> {
-    /// The input's bronze rows as this process's ingestion committed them.
-    pub held: Option<Vec<RecordBatch>>,
-    /// What holds such rows (to know whether the next batch's will be).
+    /// The bronze rows this process's ingestion committed, per source's latest batch.
     pub fresh: Option<&'a super::fresh::FreshRows>,
     /// The job's read-ahead of its batches' new rows.
     pub prefetch: Option<&'a super::prefetch::Prefetch>,
@@ -359,7 +357,7 @@ pub struct Given<'a> {
 /// moved, cut-off kept while later reads can reach `reach` below it. A source with no
 /// new ingestion batch, or no bronze table (`ctx` None), has no rows. `given`: the
 /// input's bronze rows as this process's ingestion committed them
-/// ([`super::Context::fresh_rows`]), taken instead of reading them, or the read started
+/// ([`super::Context::given_rows`]), taken instead of reading them, or the read started
 /// ahead ([`super::prefetch`]); once this batch has its rows, the next batch's read is
 /// started ahead.
 #[allow(clippy::too_many_arguments)]
@@ -384,11 +382,8 @@ pub(crate) async fn take_new_rows(
     if input.upto_batch <= input.after_batch {
         return Ok(empty());
     }
-    let Given {
-        held,
-        fresh,
-        prefetch,
-    } = given;
+    let Given { fresh, prefetch } = given;
+    let held = fresh.and_then(|f| f.take(source, input));
     let rows = match (held, ctx) {
         (Some(held), _) => {
             let t = std::time::Instant::now();

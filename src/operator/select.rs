@@ -291,7 +291,7 @@ impl Operator for Select {
             too_late,
             oldest_landed,
         } = take_new_rows(
-            cx.fresh_rows(source, plan.input(source)?),
+            cx.given_rows(),
             ctx.as_ref(),
             "bronze",
             source,

@@ -281,7 +281,7 @@ impl Operator for Windowed {
             too_late: late_rows,
             oldest_landed,
         } = take_new_rows(
-            cx.fresh_rows(source, input),
+            cx.given_rows(),
             ctx.as_ref(),
             "bronze",
             source,

@@ -416,7 +416,7 @@ impl Operator for Mirror {
         let NewRows {
             new, oldest_landed, ..
         } = take_new_rows(
-            cx.fresh_rows(source, plan.input(source)?),
+            cx.given_rows(),
             ctx.as_ref(),
             "bronze",
             source,

@@ -179,7 +179,7 @@ impl Operator for Payments {
             let target = agg::project(&bronze, &touch_cols)?;
             // Reads reach back at most business window + horizon before a cut-off.
             let rows = take_new_rows(
-                cx.fresh_rows(s, plan.input(s)?),
+                cx.given_rows(),
                 Some(&ctx),
                 &read::session_table(s),
                 s,

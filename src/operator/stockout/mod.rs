@@ -178,7 +178,7 @@ impl Operator for Stockout {
             too_late,
             oldest_landed,
         } = take_new_rows(
-            cx.fresh_rows(source, input),
+            cx.given_rows(),
             ctx.as_ref(),
             "bronze",
             source,
