@@ -31,8 +31,8 @@ pub struct App {
     cluster: Option<crate::engine::port::ClusterPort>,
 }
 
-/// What one `run` did: per source and per job, and what failed (a failed source does
-/// not stop the jobs: they consume only completed ingestion batches).
+/// What one `run` did: per source and per job, and what failed (a job that reads a
+/// source whose ingestion failed is reported skipped: see [`not_ingested`]).
 #[derive(Debug, Default)]
 pub struct RunOutcome {
     pub sources: Vec<SourceReport>,
@@ -60,6 +60,29 @@ impl RunOutcome {
             )),
         }
     }
+}
+
+/// Why a job must not run after its sources' ingestion (`read`, results in the same
+/// order), if it must not: one of them failed. A job batch consumes one ingestion batch
+/// per source, so a job run beside a failed source would take the others' new batches
+/// without that source's — different batches, a different watermark, even rows judged
+/// too late — from the run that ingests every source. It runs in the next run that
+/// ingests them all. A source busy under another process's lease is not a failure: that
+/// process ingests it, and the job goes on with the batches completed so far (as the
+/// daemon's job tasks do).
+fn not_ingested(read: &[&String], ingested: &[Arc<Result<SourceReport>>]) -> Option<String> {
+    let failed: Vec<&str> = read
+        .iter()
+        .zip(ingested)
+        .filter(|(_, r)| matches!(r.as_ref(), Err(e) if !matches!(e, Error::LeaseHeld { .. })))
+        .map(|(s, _)| s.as_str())
+        .collect();
+    (!failed.is_empty()).then(|| {
+        format!(
+            "not run: ingestion of {} failed (the next run that ingests it runs the job)",
+            failed.join(", ")
+        )
+    })
 }
 
 impl App {
@@ -195,9 +218,10 @@ impl App {
     /// One `kestrel run`: ingest `sources` (those a running stream's job reads are left
     /// to it) and run `jobs` (empty: all; a streamed job is reported as skipped),
     /// `parallel_jobs` sources and jobs at once. A job starts once every source it reads
-    /// that this run ingests is done (ingested or failed), so it sees the batches this run
-    /// committed, as if the sources had all been ingested first; the others' ingestion
-    /// and jobs meanwhile use the cores a job's reads and MERGEs leave idle.
+    /// that this run ingests is done, so it sees the batches this run committed, as if the
+    /// sources had all been ingested first (a job one of whose sources failed does not
+    /// run: [`not_ingested`]); the others' ingestion and jobs meanwhile use the cores a
+    /// job's reads and MERGEs leave idle.
     pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
         if let Some(c) = &self.cluster {
             c.new_run();
@@ -290,14 +314,21 @@ impl App {
             })
             .collect();
         let runs = jobs.iter().map(|spec| {
-            let waits: Vec<_> = sources
+            let (read, waits): (Vec<&String>, Vec<_>) = sources
                 .iter()
                 .zip(&ingestions)
                 .filter(|(s, _)| spec.sources.iter().any(|js| js == **s))
-                .map(|(_, ingestion)| ingestion.clone())
-                .collect();
+                .map(|(s, ingestion)| (*s, ingestion.clone()))
+                .unzip();
             async move {
-                futures::future::join_all(waits).await;
+                let ingested = futures::future::join_all(waits).await;
+                if let Some(why) = not_ingested(&read, &ingested) {
+                    return Ok(JobReport {
+                        job: spec.name.clone(),
+                        skipped: Some(why),
+                        ..Default::default()
+                    });
+                }
                 let _slot = slots.acquire().await.ok();
                 self.runner.run_job_in_task(spec).await
             }
@@ -306,5 +337,44 @@ impl App {
             futures::future::join_all(ingestions.clone()),
             futures::future::join_all(runs)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_waits_for_every_failed_source_it_reads_but_not_for_a_busy_one() {
+        let (orders, payments) = ("orders".to_string(), "payments".to_string());
+        let ok = || Arc::new(Ok(SourceReport::default()));
+        let busy = || {
+            Arc::new(Err(Error::LeaseHeld {
+                name: "payments".into(),
+                owner: "host:1".into(),
+                until: "later".into(),
+                path: "p".into(),
+            }))
+        };
+        let failed = || {
+            Arc::new(Err(Error::Plan {
+                path: "p".into(),
+                reason: "store down".into(),
+            }))
+        };
+        let read = [&orders, &payments];
+        assert_eq!(not_ingested(&read, &[ok(), ok()]), None);
+        assert_eq!(not_ingested(&read, &[ok(), busy()]), None);
+        assert_eq!(not_ingested(&[], &[]), None);
+        assert_eq!(
+            not_ingested(&read, &[ok(), failed()]).as_deref(),
+            Some(
+                "not run: ingestion of payments failed (the next run that ingests it runs the job)"
+            )
+        );
+        assert_eq!(
+            not_ingested(&read, &[failed(), failed()]).as_deref(),
+            Some("not run: ingestion of orders, payments failed (the next run that ingests it runs the job)")
+        );
     }
 }

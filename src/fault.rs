@@ -17,11 +17,12 @@
 //! Pause points (`KESTREL_DELAY`): `job_after_compute`, and `job_before_gold_commit`
 //! (a gold table is opened for a batch's commit; a test commits to it meanwhile).
 //!
-//! A failing store (`KESTREL_STORE_FAULTS=rate=0.05[,ambiguous=0.02][,seed=N]`): every
-//! object-store call of the process (landing, warehouse, Delta tables) fails with a
+//! A failing store (`KESTREL_STORE_FAULTS=rate=0.05[,ambiguous=0.02][,seed=N][,path=P]`):
+//! every object-store call of the process (landing, warehouse, Delta tables) fails with a
 //! transient error at `rate`, before it reaches the store; and a put-if-absent that
 //! *did* write reports an error anyway at `ambiguous` (S3's answer lost on the way back).
-//! Unset, nothing is wrapped.
+//! With `path`, only calls on locations that start with `P` inside their store (a
+//! source's landed files: `path=<source>/`) fail. Unset, nothing is wrapped.
 
 use futures::StreamExt;
 
@@ -95,19 +96,22 @@ pub const STORE_FAULTS_ENV: &str = "KESTREL_STORE_FAULTS";
 pub struct StoreFaults {
     rate: f64,
     ambiguous: f64,
+    /// Only locations starting with this fail (all when None).
+    path: Option<String>,
     rng: std::sync::Mutex<rand::rngs::StdRng>,
 }
 
 impl StoreFaults {
     fn parse(spec: &str) -> Option<Self> {
         use rand::SeedableRng;
-        let (mut rate, mut ambiguous, mut seed) = (0.0, 0.0, None);
+        let (mut rate, mut ambiguous, mut seed, mut path) = (0.0, 0.0, None, None);
         for kv in spec.split(',').filter(|s| !s.trim().is_empty()) {
             let (k, v) = kv.split_once('=')?;
             match k.trim() {
                 "rate" => rate = v.trim().parse().ok()?,
                 "ambiguous" => ambiguous = v.trim().parse().ok()?,
                 "seed" => seed = Some(v.trim().parse().ok()?),
+                "path" => path = Some(v.trim().to_string()),
                 _ => return None,
             }
         }
@@ -118,13 +122,17 @@ impl StoreFaults {
         Some(StoreFaults {
             rate,
             ambiguous,
+            path,
             rng: std::sync::Mutex::new(rng),
         })
     }
 
-    fn roll(&self, p: f64) -> bool {
+    /// Whether a call on `location` fails, at probability `p`.
+    fn roll(&self, p: f64, location: &str) -> bool {
         use rand::Rng;
-        p > 0.0 && self.rng.lock().is_ok_and(|mut r| r.gen_bool(p.min(1.0)))
+        p > 0.0
+            && self.path.as_ref().is_none_or(|s| location.starts_with(s))
+            && self.rng.lock().is_ok_and(|mut r| r.gen_bool(p.min(1.0)))
     }
 }
 
@@ -137,7 +145,7 @@ pub fn store_faults() -> Option<&'static StoreFaults> {
             let spec = std::env::var(STORE_FAULTS_ENV).ok()?;
             let f = StoreFaults::parse(&spec);
             if f.is_none() {
-                tracing::warn!(%spec, "{STORE_FAULTS_ENV}: expected rate=P[,ambiguous=P][,seed=N]; ignored");
+                tracing::warn!(%spec, "{STORE_FAULTS_ENV}: expected rate=P[,ambiguous=P][,seed=N][,path=P]; ignored");
             }
             f
         })
@@ -174,7 +182,7 @@ impl FaultStore {
     /// Fail this call at the configured rate.
     fn fail(&self, op: &str, location: &object_store::path::Path) -> object_store::Result<()> {
         match store_faults() {
-            Some(f) if f.roll(f.rate) => {
+            Some(f) if f.roll(f.rate, location.as_ref()) => {
                 tracing::debug!(op, %location, "injected store fault");
                 Err(injected(op, location))
             }
@@ -213,7 +221,7 @@ impl object_store::ObjectStore for FaultStore {
         self.fail("put", location)?;
         let create = matches!(opts.mode, object_store::PutMode::Create);
         let r = self.inner.put_opts(location, payload, opts).await?;
-        if create && store_faults().is_some_and(|f| f.roll(f.ambiguous)) {
+        if create && store_faults().is_some_and(|f| f.roll(f.ambiguous, location.as_ref())) {
             tracing::debug!(%location, "injected ambiguous create: written, reported failed");
             return Err(injected("put (written)", location));
         }
@@ -256,7 +264,7 @@ impl object_store::ObjectStore for FaultStore {
                 async move {
                     let l = l?;
                     match store_faults() {
-                        Some(f) if f.roll(f.rate) => Err(injected("delete", &l)),
+                        Some(f) if f.roll(f.rate, l.as_ref()) => Err(injected("delete", &l)),
                         _ => object_store::ObjectStoreExt::delete(&inner, &l)
                             .await
                             .map(|()| l),

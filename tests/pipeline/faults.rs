@@ -161,6 +161,75 @@ fn a_replay_under_store_faults_equals_a_clean_replay() {
     );
 }
 
+/// One source cannot be ingested in a run (every call on its landed files fails): the
+/// run exits 1 naming it, the jobs that read it are reported skipped and not run (a job
+/// batch takes one ingestion batch per source, so `payments_fast` would otherwise take
+/// the new orders without their payments), the others run; the next run ingests it and
+/// every table and run-log count equals a replay where nothing failed.
+#[test]
+fn a_source_that_fails_to_ingest_holds_back_only_the_jobs_that_read_it() {
+    let source = Env::new();
+    source.run_ok(&["demo", "--hours", "1", "--scale", "0.05"], 0);
+    let files = files_by_mtime(&source.landing());
+    let (clean, faulty) = (Env::new(), Env::new());
+    for (k, chunk) in files.chunks(files.len().div_ceil(2)).enumerate() {
+        for env in [&clean, &faulty] {
+            for (p, mtime) in chunk {
+                let to = env
+                    .landing()
+                    .join(p.strip_prefix(source.landing()).unwrap());
+                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                std::fs::copy(p, &to).unwrap();
+                set_mtime(&to, *mtime);
+            }
+        }
+        clean.run_ok(&["run"], 0);
+        if k == 0 {
+            faulty.run_ok(&["run"], 0);
+            continue;
+        }
+        let out = faulty.kestrel_env(
+            &["run"],
+            &[("KESTREL_STORE_FAULTS", "rate=1,path=payments/")],
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("kestrel: ingestion failed for payments: ")
+                && !last.contains("job failed"),
+            "{stderr}"
+        );
+        for job in ["payments_fast", "payment_reconciliation"] {
+            assert!(
+                stdout.lines().any(|l| l.starts_with(job)
+                    && l.contains("skipped: not run: ingestion of payments failed")),
+                "{job}: {stdout}"
+            );
+        }
+        // The jobs that do not read payments ran.
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("revenue_5m") && !l.contains("skipped")),
+            "{stdout}"
+        );
+        faulty.run_ok(&["run"], 0);
+    }
+    for t in &replay_tables() {
+        assert_eq!(faulty.snapshot(t, &SKIP), clean.snapshot(t, &SKIP), "{t}");
+    }
+    let runs = "SELECT kind, name, batch_id, rows_in, rows_written, duplicates, rows_applied, \
+                too_late, corrections FROM t WHERE status = 'ok' ORDER BY kind, name, batch_id";
+    assert_eq!(
+        faulty.query("_kestrel/runs", runs),
+        clean.query("_kestrel/runs", runs)
+    );
+}
+
 /// A tmpfs mounted for the test's warehouse, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
