@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::job::spec::JobSpec;
 use crate::lease::Lease;
 use crate::runner::batch::{JobReport, JobRunner};
+use crate::runner::follow::Progress;
 use crate::runner::ingest::{IngestOptions, Ingestor, SourceReport};
 use crate::schema::SourceSchema;
 use crate::sink::delta::Warehouse;
@@ -62,15 +63,24 @@ impl RunOutcome {
     }
 }
 
-/// Why a job must not run after its sources' ingestion (`read`, results in the same
-/// order), if it must not: one of them failed. A job batch consumes one ingestion batch
-/// per source, so a job run beside a failed source would take the others' new batches
-/// without that source's — different batches, a different watermark, even rows judged
-/// too late — from the run that ingests every source. It runs in the next run that
-/// ingests them all. A source busy under another process's lease is not a failure: that
-/// process ingests it, and the job goes on with the batches completed so far (as the
-/// daemon's job tasks do).
-fn not_ingested(read: &[&String], ingested: &[Arc<Result<SourceReport>>]) -> Option<String> {
+/// Why a job that reads `sources` must not run after this run's ingestion of those of
+/// them it ingested (`read`, results in the same order), if it must not: it reads several
+/// sources and one of them failed. A job batch consumes one ingestion batch per source,
+/// so such a job run beside a failed source would take the others' new batches without
+/// that source's — different batches, a different watermark, even rows judged too late —
+/// from the run that ingests every source. It runs in the next run that ingests them
+/// all. A job that reads one source takes the batches completed before the failure, as
+/// it would have in that run. A source busy under another process's lease is not a
+/// failure: that process ingests it, and the job goes on with the batches completed so
+/// far (as the daemon's job tasks do).
+fn not_ingested(
+    sources: &[String],
+    read: &[&String],
+    ingested: &[Arc<Result<SourceReport>>],
+) -> Option<String> {
+    if sources.len() < 2 {
+        return None;
+    }
     let failed: Vec<&str> = read
         .iter()
         .zip(ingested)
@@ -110,8 +120,12 @@ impl App {
         let engine = cfg.engine.clone();
         // The batch a source has just ingested goes to its jobs in memory.
         let fresh = crate::operator::fresh::FreshRows::from_env().map(Arc::new);
-        let ingestor =
-            Ingestor::with_schemas(cfg, schemas.clone(), ingest)?.with_fresh(fresh.clone());
+        // With room for more than one thing at once, a job that reads one source takes
+        // its batches as the ingestion completes them.
+        let progress = (parallel_jobs > 1).then(|| Arc::new(Progress::default()));
+        let ingestor = Ingestor::with_schemas(cfg, schemas.clone(), ingest)?
+            .with_fresh(fresh.clone())
+            .with_progress(progress);
         let mut runner = JobRunner::new(ingestor.warehouse().clone(), schemas.clone(), lease_ttl)
             .with_open_compaction(open)
             .with_budget(budget_rows)
@@ -298,17 +312,27 @@ impl App {
             }
         }
         // A slot per source or job at work; fair, so sources queued first go first.
-        let slots = tokio::sync::Semaphore::new(self.parallel_jobs.max(1));
-        let slots = &slots;
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.parallel_jobs.max(1)));
+        let progress = self.ingestor.progress();
+        if let Some(p) = progress {
+            for s in sources {
+                p.start(s);
+            }
+        }
         // Each source's ingestion, shared: its result is the run's and the waits' of the
         // jobs that read it.
         let ingestions: Vec<_> = sources
             .iter()
             .map(|s| {
+                let slots = &slots;
                 async move {
                     // The semaphore is never closed; without a slot, ingest anyway.
                     let _slot = slots.acquire().await.ok();
-                    Arc::new(self.ingestor.ingest_source(s).await)
+                    let r = Arc::new(self.ingestor.ingest_source(s).await);
+                    if let Some(p) = progress {
+                        p.ended(s);
+                    }
+                    r
                 }
                 .shared()
             })
@@ -320,9 +344,19 @@ impl App {
                 .filter(|(s, _)| spec.sources.iter().any(|js| js == **s))
                 .map(|(s, ingestion)| (*s, ingestion.clone()))
                 .unzip();
+            // A job that reads one source, ingested in this run, follows it.
+            let follower = match (progress, &spec.sources[..], &read[..]) {
+                (Some(p), [_], [source]) => p.follow(source, slots.clone()),
+                _ => None,
+            };
+            let slots = &slots;
             async move {
+                if let Some(mut f) = follower {
+                    f.hold_slot().await;
+                    return self.runner.run_job_in_task(spec, Some(f)).await;
+                }
                 let ingested = futures::future::join_all(waits).await;
-                if let Some(why) = not_ingested(&read, &ingested) {
+                if let Some(why) = not_ingested(&spec.sources, &read, &ingested) {
                     return Ok(JobReport {
                         job: spec.name.clone(),
                         skipped: Some(why),
@@ -330,7 +364,7 @@ impl App {
                     });
                 }
                 let _slot = slots.acquire().await.ok();
-                self.runner.run_job_in_task(spec).await
+                self.runner.run_job_in_task(spec, None).await
             }
         });
         futures::join!(
@@ -345,7 +379,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_waits_for_every_failed_source_it_reads_but_not_for_a_busy_one() {
+    fn a_job_of_several_sources_waits_for_every_failed_one_but_not_for_a_busy_one() {
         let (orders, payments) = ("orders".to_string(), "payments".to_string());
         let ok = || Arc::new(Ok(SourceReport::default()));
         let busy = || {
@@ -362,19 +396,30 @@ mod tests {
                 reason: "store down".into(),
             }))
         };
+        let both = [orders.clone(), payments.clone()];
         let read = [&orders, &payments];
-        assert_eq!(not_ingested(&read, &[ok(), ok()]), None);
-        assert_eq!(not_ingested(&read, &[ok(), busy()]), None);
-        assert_eq!(not_ingested(&[], &[]), None);
+        let why = |s: &str| {
+            Some(format!(
+                "not run: ingestion of {s} failed (the next run that ingests it runs the job)"
+            ))
+        };
+        assert_eq!(not_ingested(&both, &read, &[ok(), ok()]), None);
+        assert_eq!(not_ingested(&both, &read, &[ok(), busy()]), None);
+        assert_eq!(not_ingested(&both, &[], &[]), None);
+        // One source: the batches completed before the failure are the job's.
+        assert_eq!(not_ingested(&both[..1], &read[..1], &[failed()]), None);
         assert_eq!(
-            not_ingested(&read, &[ok(), failed()]).as_deref(),
-            Some(
-                "not run: ingestion of payments failed (the next run that ingests it runs the job)"
-            )
+            not_ingested(&both, &read, &[ok(), failed()]),
+            why("payments")
+        );
+        // Only one of the two ingested in this run (`--source payments`), and it failed.
+        assert_eq!(
+            not_ingested(&both, &read[1..], &[failed()]),
+            why("payments")
         );
         assert_eq!(
-            not_ingested(&read, &[failed(), failed()]).as_deref(),
-            Some("not run: ingestion of orders, payments failed (the next run that ingests it runs the job)")
+            not_ingested(&both, &read, &[failed(), failed()]),
+            why("orders, payments")
         );
     }
 }

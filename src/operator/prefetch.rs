@@ -60,7 +60,7 @@ enum Ahead {
 /// One job's read-ahead of its next batch's new rows (one per run of its batches).
 pub struct Prefetch {
     /// Per source, the last completed ingestion batch the job's batches may consume.
-    ingested: BTreeMap<String, i64>,
+    ingested: Mutex<BTreeMap<String, i64>>,
     started: Mutex<Vec<(Key, Ahead)>>,
 }
 
@@ -73,8 +73,17 @@ impl Prefetch {
     /// A read-ahead within the completed ingestion batches `ingested` (per source).
     pub fn new(ingested: BTreeMap<String, i64>) -> Self {
         Prefetch {
-            ingested,
+            ingested: Mutex::new(ingested),
             started: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `source` completed ingestion batch `batch` since the job's batches started (a job
+    /// following its source's ingestion: [`crate::runner::follow`]).
+    pub fn completed(&self, source: &str, batch: i64) {
+        if let Ok(mut i) = self.ingested.lock() {
+            let at = i.entry(source.to_string()).or_insert(batch);
+            *at = (*at).max(batch);
         }
     }
 
@@ -148,7 +157,12 @@ impl Prefetch {
             upto_batch: input.upto_batch + 1,
             bronze_version: None,
         };
-        let completed = self.ingested.get(source).copied().unwrap_or(0);
+        let completed = self
+            .ingested
+            .lock()
+            .ok()
+            .and_then(|i| i.get(source).copied())
+            .unwrap_or(0);
         if next.upto_batch > completed || held(&next) {
             return;
         }

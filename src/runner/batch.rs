@@ -39,6 +39,7 @@ use crate::names;
 use crate::operator::budget::RowBudget;
 use crate::operator::{read, Computed, Context, GoldRows, Write};
 use crate::runlog::{self, JobEntry};
+use crate::runner::follow::Follower;
 use crate::schema::SourceSchema;
 use crate::sink::compact::{self, OpenCompaction};
 use crate::sink::delta::{self, Warehouse};
@@ -225,13 +226,30 @@ impl JobRunner {
 
     /// Run every batch of `spec` that newly ingested data allows.
     pub async fn run_job(&self, spec: &JobSpec) -> Result<JobReport> {
+        self.run_job_following(spec, None).await
+    }
+
+    /// [`JobRunner::run_job`], taking its source's batches as `follower` reports them
+    /// completed until that ingestion ends ([`super::follow`]; None: the batches already
+    /// completed).
+    pub async fn run_job_following(
+        &self,
+        spec: &JobSpec,
+        mut follower: Option<Follower>,
+    ) -> Result<JobReport> {
         let mut report = JobReport {
             job: spec.name.clone(),
             ..Default::default()
         };
         let mut lease =
             Lease::acquire(&self.wh, &names::lease::job(&spec.name), self.lease_ttl).await?;
-        let result = self.run_batches(spec, &mut lease, &mut report).await;
+        let result = self
+            .run_batches(spec, &mut lease, &mut report, follower.as_mut())
+            .await;
+        // Its compaction and the lease's release are the job's work too.
+        if let Some(f) = follower.as_mut() {
+            f.hold_slot().await;
+        }
         if result.is_ok() && !report.batches.is_empty() {
             self.compact_open(spec, report.too_late() > 0).await;
         }
@@ -247,19 +265,23 @@ impl JobRunner {
     /// share (the run log, the plans) takes concurrent appends, as it does from several
     /// `kestrel run` processes. A job whose task panics is reported as failed.
     pub async fn run_jobs(&self, specs: &[&JobSpec], parallel: usize) -> Vec<Result<JobReport>> {
-        let tasks = specs.iter().map(|spec| self.run_job_in_task(spec));
+        let tasks = specs.iter().map(|spec| self.run_job_in_task(spec, None));
         futures::stream::iter(tasks)
             .buffered(parallel.max(1))
             .collect()
             .await
     }
 
-    /// [`JobRunner::run_job`] as a task of its own on the runtime's threads (so jobs run
-    /// at once use every core); a panic in it is reported as the job's failure.
-    pub async fn run_job_in_task(&self, spec: &JobSpec) -> Result<JobReport> {
+    /// [`JobRunner::run_job_following`] as a task of its own on the runtime's threads (so
+    /// jobs run at once use every core); a panic in it is reported as the job's failure.
+    pub async fn run_job_in_task(
+        &self,
+        spec: &JobSpec,
+        follower: Option<Follower>,
+    ) -> Result<JobReport> {
         let (runner, spec) = (self.clone(), spec.clone());
         let name = spec.name.clone();
-        tokio::spawn(async move { runner.run_job(&spec).await })
+        tokio::spawn(async move { runner.run_job_following(&spec, follower).await })
             .await
             .unwrap_or_else(|source| {
                 Err(Error::Task {
@@ -296,6 +318,7 @@ impl JobRunner {
         spec: &JobSpec,
         lease: &mut Lease,
         report: &mut JobReport,
+        mut follower: Option<&mut Follower>,
     ) -> Result<()> {
         if self.pending.is_none() {
             // A stream killed while deferring its state left it to whoever runs next.
@@ -308,7 +331,7 @@ impl JobRunner {
             .collect();
         let positions = runlog::last_batches(&self.wh, &of).await?;
         let mut done = positions[0];
-        let ingested: BTreeMap<String, i64> = spec
+        let mut ingested: BTreeMap<String, i64> = spec
             .sources
             .iter()
             .cloned()
@@ -320,6 +343,7 @@ impl JobRunner {
         use crate::operator::prefetch;
         let prefetch = (self.pending.is_none() && self.cluster.is_none() && prefetch::enabled())
             .then(|| prefetch::Prefetch::new(ingested.clone()));
+        let mut renewed = false;
         loop {
             // Stopped (also before the first batch: one that has not started is not
             // running, and the next run does it).
@@ -327,7 +351,7 @@ impl JobRunner {
                 info!(job = %spec.name, "stopping between batches");
                 break;
             }
-            if !report.batches.is_empty() {
+            if !report.batches.is_empty() && !std::mem::take(&mut renewed) {
                 lease.renew(self.lease_ttl).await?;
             }
             let n = done + 1;
@@ -338,7 +362,25 @@ impl JobRunner {
                 }
                 None => match self.plan_next(spec, n, &state, &ingested).await? {
                     Some(p) => (p, false),
-                    None => break,
+                    None => {
+                        // Following its source: wait for the ingestion's next batch.
+                        let Some(f) = follower.as_deref_mut() else {
+                            break;
+                        };
+                        let source = f.source().to_string();
+                        let after = ingested.get(&source).copied().unwrap_or(0);
+                        let Some(completed) = f.next_after(after).await else {
+                            break;
+                        };
+                        ingested.insert(source.clone(), completed);
+                        if let Some(p) = &prefetch {
+                            p.completed(&source, completed);
+                        }
+                        // The wait was as long as an ingestion batch.
+                        lease.renew(self.lease_ttl).await?;
+                        renewed = true;
+                        continue;
+                    }
                 },
             };
             fault::point("job_after_plan");

@@ -118,6 +118,9 @@ pub struct Ingestor {
     /// Where completed batches' bronze rows are handed to the jobs of this process (see
     /// [`crate::operator::fresh`]).
     fresh: Option<Arc<crate::operator::fresh::FreshRows>>,
+    /// Where completed batches and the end of each source's ingestion are reported to
+    /// the jobs that follow it (see [`super::follow`]).
+    progress: Option<Arc<super::follow::Progress>>,
 }
 
 impl Ingestor {
@@ -155,6 +158,7 @@ impl Ingestor {
             clock: Clock::system(),
             cluster: None,
             fresh: None,
+            progress: None,
         })
     }
 
@@ -162,6 +166,18 @@ impl Ingestor {
     pub fn with_fresh(mut self, fresh: Option<Arc<crate::operator::fresh::FreshRows>>) -> Self {
         self.fresh = fresh;
         self
+    }
+
+    /// Report each completed batch, and the end of each source's ingestion, to
+    /// `progress` (for the jobs that follow a source: [`super::follow`]).
+    pub fn with_progress(mut self, progress: Option<Arc<super::follow::Progress>>) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Where completed batches are reported, if anywhere.
+    pub fn progress(&self) -> Option<&Arc<super::follow::Progress>> {
+        self.progress.as_ref()
     }
 
     /// Where completed batches' rows are handed over, if anywhere.
@@ -330,6 +346,10 @@ impl Ingestor {
         )
         .await?;
         let result = self.ingest_batches(source, &schema, &mut lease).await;
+        // The jobs that follow it need not wait for the compaction.
+        if let Some(p) = &self.progress {
+            p.ended(source);
+        }
         if let Some(r) = result.as_ref().ok().filter(|r| !r.batches.is_empty()) {
             self.compact_open(source, r.quarantined() > 0).await;
         }
@@ -854,6 +874,9 @@ impl Ingestor {
         runlog::log_ingest(&self.wh, &entry).await?;
         if let (Some(f), Some(rows)) = (&self.fresh, handed) {
             f.hand_over(source, n, rows);
+        }
+        if let Some(p) = &self.progress {
+            p.completed(source, n);
         }
         fault::point("after_runlog");
         info!(

@@ -3,7 +3,8 @@
 //! time; each operator's I/O steps (a batch's compute, a backfill day's restatement) sit
 //! in its own module (`windowed`, `payments`, `stockout`); [`read`] holds the bronze reads
 //! jobs use; [`schedule`] is the daemon, [`stream`] the always-on mode, [`backfill`]
-//! replays date ranges.
+//! replays date ranges; [`follow`] lets a run's job take its source's batches as the
+//! ingestion completes them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ pub mod backfill;
 pub mod batch;
 pub mod checkpoint;
 pub mod deferred;
+pub mod follow;
 pub mod ingest;
 pub mod schedule;
 pub mod stream;

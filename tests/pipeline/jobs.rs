@@ -853,3 +853,81 @@ fn sources_and_jobs_at_once_give_the_tables_of_one_by_one() {
     assert_eq!(p, s);
     assert!(!parallel.snapshot("gold/revenue_5m", &SKIP).is_empty());
 }
+
+/// A job that reads one source takes that source's batches as its ingestion completes
+/// them (`runner::follow`): with a slot for every source and job and the ingestion slowed
+/// after every batch, the job's first batch starts before the ingestion's last ends —
+/// and every table and run-log count equals a run that did one thing at a time.
+#[test]
+fn a_job_that_reads_one_source_follows_its_ingestion_and_gives_the_tables_of_one_by_one() {
+    use crate::faults::{files_by_mtime, replay_tables, SKIP};
+    let source = Env::new();
+    source.run_ok(&["demo", "--hours", "1", "--scale", "0.05"], 0);
+    let batches = "[ingest]\nmax_files_per_batch = 10";
+    let serial = Env::with_config(&format!("parallel_jobs = 1\n{batches}"));
+    let parallel = Env::with_config(&format!("parallel_jobs = 8\n{batches}"));
+    for env in [&serial, &parallel] {
+        for (p, mtime) in files_by_mtime(&source.landing()) {
+            let to = env
+                .landing()
+                .join(p.strip_prefix(source.landing()).unwrap());
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(&p, &to).unwrap();
+            set_mtime(&to, mtime);
+        }
+    }
+    serial.run_ok(&["run"], 0);
+    let out = parallel.kestrel_env(&["run"], &[("KESTREL_DELAY", "ingest_after_batch:300")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for t in replay_tables() {
+        assert_eq!(
+            parallel.snapshot(&t, &SKIP),
+            serial.snapshot(&t, &SKIP),
+            "{t}"
+        );
+    }
+    let runs = "SELECT kind, name, batch_id, files, rows_in, rows_written, duplicates, \
+                rows_applied, too_late, windows_recomputed, corrections \
+                FROM t ORDER BY kind, name, batch_id";
+    let p = parallel.query("_kestrel/runs", runs);
+    assert_eq!(p, serial.query("_kestrel/runs", runs));
+    // Several batches per source, so there was something to follow.
+    let orders = p
+        .iter()
+        .filter(|r| r[0] == "ingest" && r[1] == "orders")
+        .count();
+    assert!(orders >= 3, "{p:?}");
+    // Each single-source job started before its source's ingestion ended; the payments
+    // jobs (two sources) after both ended.
+    let when = |sql: &str| {
+        parallel.query("_kestrel/runs", sql)[0][0]
+            .parse::<i64>()
+            .unwrap()
+    };
+    let ingest_end = |s: &str| {
+        when(&format!(
+            "SELECT CAST(max(finished_at) AS BIGINT) FROM t WHERE kind = 'ingest' AND name = '{s}'"
+        ))
+    };
+    let job_start = |j: &str| {
+        when(&format!(
+            "SELECT CAST(min(started_at) AS BIGINT) FROM t WHERE kind = 'job' AND name = '{j}'"
+        ))
+    };
+    for (job, src) in [
+        ("revenue_5m", "orders"),
+        ("clickstream_5m", "clickstream"),
+        ("sessions", "clickstream"),
+    ] {
+        assert!(
+            job_start(job) < ingest_end(src),
+            "{job} did not follow {src}"
+        );
+    }
+    let both = ingest_end("orders").max(ingest_end("payments"));
+    assert!(job_start("payments_fast") >= both);
+}
