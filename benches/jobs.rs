@@ -140,6 +140,54 @@ impl Site {
         assert!(report.tables.iter().all(unwritten), "{report:?}");
     }
 
+    /// What `kestrel run` does ([`kestrel::app::App::run`]: sources and jobs
+    /// `parallel_jobs` at once, a job that reads one source following its ingestion;
+    /// `serial`: one at a time). Returns the seconds until the last ingestion batch
+    /// finished and, per job, from its first batch's start to its last one's end.
+    async fn run_step(&self, serial: bool) -> (f64, Vec<f64>) {
+        let t = Instant::now();
+        let mut cfg = self.config();
+        if serial {
+            cfg.parallel_jobs = 1;
+        }
+        let jobs = self
+            .specs
+            .iter()
+            .map(|s| (s.name.clone(), s.clone()))
+            .collect();
+        let app = kestrel::app::App::with_parts(
+            cfg,
+            self.schemas.clone(),
+            jobs,
+            IngestOptions::default(),
+        )
+        .unwrap();
+        let started_us = kestrel::time::clock::Clock::system().now_us();
+        let out = app.run(&[], &[]).await.unwrap();
+        assert!(out.failures().is_none(), "{:?}", out.failures());
+        let total = t.elapsed().as_secs_f64();
+        let ingested_us = out
+            .sources
+            .iter()
+            .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
+            .max()
+            .unwrap_or(started_us);
+        let ingest_s = ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total);
+        let job_s = self
+            .specs
+            .iter()
+            .map(|spec| {
+                let r = out.jobs.iter().find(|r| r.job == spec.name);
+                let b = r.map(|r| &r.batches[..]).unwrap_or_default();
+                match (b.first(), b.last()) {
+                    (Some(f), Some(l)) => (l.finished_at_us - f.started_at_us) as f64 / 1e6,
+                    _ => 0.0,
+                }
+            })
+            .collect();
+        (ingest_s, job_s)
+    }
+
     /// Ingest what landed, then run each job: (ingest s, job s per job).
     async fn step(&self) -> (f64, Vec<f64>) {
         let t = Instant::now();
@@ -808,8 +856,9 @@ fn main() {
             return;
         }
         if args.first().is_some_and(|a| a == "throughput-run") {
-            let dir = args.get(1).expect("throughput-run DIR");
-            throughput::run_step(Path::new(dir), &schemas, &spec).await;
+            let dir = args.get(1).expect("throughput-run DIR [serial]");
+            let serial = args.get(2).is_some_and(|a| a == "serial");
+            throughput::run_step(Path::new(dir), &schemas, &spec, serial).await;
             return;
         }
         let only = |mode: &str| args.is_empty() || args.iter().any(|a| a == mode);

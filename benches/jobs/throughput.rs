@@ -120,9 +120,11 @@ fn copy_half(files: &[PathBuf], from: &Path, to: &Path) {
     }
 }
 
-/// One kestrel step over `site` — ingestion, then the job — in a process of its own
-/// (this bench's binary, `throughput-run DIR`), as a `kestrel run` is: (seconds, ingest
-/// s, job s, peak RSS bytes). Run in this process after another site's step, a step
+/// One kestrel step over `site` — what `kestrel run` does: ingestion, the job following
+/// it batch by batch — in a process of its own (this bench's binary, `throughput-run
+/// DIR`; `throughput-run DIR serial` runs one thing at a time, as `parallel_jobs = 1`):
+/// (seconds, seconds to the end of ingestion, seconds from the job's first batch to its
+/// last, peak RSS bytes). Run in this process after another site's step, a step
 /// started from ~50 MiB more resident (what the step before left in the allocator's
 /// heaps, given back or not) and peaked ~100 MiB higher on the same first batch, so the
 /// site run second — the full landing zone — was charged for the one before it.
@@ -150,10 +152,15 @@ fn kestrel_once(site: &Site) -> (f64, f64, f64, usize) {
 const RUN_RESULT: &str = "kestrel step: ";
 
 /// The child of [`kestrel_once`]: one step over the site at `dir`, its result printed.
-pub async fn run_step(dir: &Path, schemas: &BTreeMap<String, Arc<SourceSchema>>, spec: &JobSpec) {
+pub async fn run_step(
+    dir: &Path,
+    schemas: &BTreeMap<String, Arc<SourceSchema>>,
+    spec: &JobSpec,
+    serial: bool,
+) {
     let site = Site::new(dir.to_path_buf(), schemas, &[spec]);
     let t = Instant::now();
-    let (ingest_s, job_s) = site.step().await;
+    let (ingest_s, job_s) = site.run_step(serial).await;
     println!(
         "{RUN_RESULT}{} {ingest_s} {} {}",
         t.elapsed().as_secs_f64(),
@@ -319,7 +326,7 @@ pub async fn throughput(
     settle();
     let (k_s, ingest_s, job_s, k_rss) = kestrel_once(&full);
     println!(
-        "kestrel landing → bronze → gold/revenue_5m: {k_s:.2} s, {:.0} events/s (ingest {ingest_s:.2} s, job {job_s:.2} s), peak RSS {:.0} MiB",
+        "kestrel landing → bronze → gold/revenue_5m: {k_s:.2} s, {:.0} events/s (ingestion ends at {ingest_s:.2} s; the job's batches, following it, take {job_s:.2} s), peak RSS {:.0} MiB",
         n as f64 / k_s,
         k_rss as f64 / 1048576.0
     );
