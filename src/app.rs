@@ -32,8 +32,9 @@ pub struct App {
     cluster: Option<crate::engine::port::ClusterPort>,
 }
 
-/// What one `run` did: per source and per job, and what failed (a job that reads a
-/// source whose ingestion failed is reported skipped: see [`not_ingested`]).
+/// What one `run` did: per source and per job, and what failed (a job that reads
+/// several sources, one of whose ingestion failed, is reported skipped: see
+/// [`not_ingested`]).
 #[derive(Debug, Default)]
 pub struct RunOutcome {
     pub sources: Vec<SourceReport>,
@@ -233,9 +234,11 @@ impl App {
     /// to it) and run `jobs` (empty: all; a streamed job is reported as skipped),
     /// `parallel_jobs` sources and jobs at once. A job starts once every source it reads
     /// that this run ingests is done, so it sees the batches this run committed, as if the
-    /// sources had all been ingested first (a job one of whose sources failed does not
-    /// run: [`not_ingested`]); the others' ingestion and jobs meanwhile use the cores a
-    /// job's reads and MERGEs leave idle.
+    /// sources had all been ingested first (a job of several sources one of which failed
+    /// does not run: [`not_ingested`]); the others' ingestion and jobs meanwhile use the
+    /// cores a job's reads and MERGEs leave idle. With `parallel_jobs` above one, a job
+    /// that reads one source instead follows its ingestion batch by batch
+    /// ([`crate::runner::follow`]).
     pub async fn run(&self, sources: &[String], jobs: &[String]) -> Result<RunOutcome> {
         if let Some(c) = &self.cluster {
             c.new_run();
@@ -292,7 +295,8 @@ impl App {
     }
 
     /// Ingest `sources` and run `jobs`, at most `parallel_jobs` of them at once (sources
-    /// first, in order; a job once the sources it reads among `sources` are done).
+    /// first, in order; a job once the sources it reads among `sources` are done, or, when
+    /// it reads one, as that one completes its batches).
     /// Results in the order given. With `parallel_jobs = 1` this is every source in turn,
     /// then every job in turn.
     async fn ingest_and_run(
