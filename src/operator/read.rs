@@ -383,11 +383,32 @@ pub(crate) async fn take_new_rows(
         return Ok(empty());
     }
     let Given { fresh, prefetch } = given;
-    let held = fresh.and_then(|f| f.take(source, input));
+    let held = fresh.and_then(|f| f.take(source, input, target));
+    let between = batches_between(input.after_batch, input.upto_batch);
     let rows = match (held, ctx) {
         (Some(held), _) => {
             let t = std::time::Instant::now();
-            let rows = held_rows(&held, target, bronze, cutoff)?;
+            let mut rows = held_rows(&held, target, bronze, cutoff)?;
+            // Rows held with the jobs' columns only: the too-late ones, with every bronze
+            // column, are read as the bronze path reads them.
+            if let (None, Some(c)) = (&rows.too_late, cutoff) {
+                let filter = between.and(col("event_ts").lt(ts_lit(c)));
+                let Some(ctx) = ctx else {
+                    return Err(Error::Plan {
+                        path: table.to_string(),
+                        reason: format!("{source}'s too-late rows held without bronze"),
+                    });
+                };
+                let late = read(ctx, table, filter, bronze).await?;
+                tracing::debug!(
+                    source,
+                    batch = input.upto_batch,
+                    rows = late.num_rows(),
+                    "too-late rows of held rows read from bronze"
+                );
+                rows.too_late = Some(late);
+            }
+            let rows = rows.done(bronze);
             crate::sink::timings::record("read new rows in memory".into(), t.elapsed());
             tracing::debug!(
                 source,
@@ -399,7 +420,6 @@ pub(crate) async fn take_new_rows(
         }
         (None, None) => empty(),
         (None, Some(ctx)) => {
-            let between = batches_between(input.after_batch, input.upto_batch);
             let ahead = match prefetch {
                 Some(p) => p.take(source, table, input, target).await,
                 None => None,
@@ -456,33 +476,61 @@ fn oldest_landed(new: &RecordBatch) -> Option<Micros> {
         .and_then(arrow::compute::min)
 }
 
-/// [`NewRows`] of bronze rows held in memory (`held`, every bronze column): what the
+/// [`NewRows`] of bronze rows held in memory, where the too-late rows may be left to read.
+struct HeldRows {
+    new: RecordBatch,
+    applied: RecordBatch,
+    /// None: some are too late, and the held rows lack bronze columns they need.
+    too_late: Option<RecordBatch>,
+}
+
+impl HeldRows {
+    fn done(self, bronze: &SchemaRef) -> NewRows {
+        NewRows {
+            oldest_landed: oldest_landed(&self.new),
+            too_late: self
+                .too_late
+                .unwrap_or_else(|| RecordBatch::new_empty(bronze.clone())),
+            new: self.new,
+            applied: self.applied,
+        }
+    }
+}
+
+/// The rows of bronze held in memory (`held`: at least the `target` columns): what the
 /// reads of [`take_new_rows`] return for them — the `target` columns of every row, and
-/// the rows before `cutoff` with every `bronze` column.
+/// the rows before `cutoff` with every `bronze` column when `held` has them all.
 fn held_rows(
     held: &[RecordBatch],
     target: &SchemaRef,
     bronze: &SchemaRef,
     cutoff: Option<Micros>,
-) -> Result<NewRows> {
+) -> Result<HeldRows> {
     let projected = held
         .iter()
         .map(|b| conform(b, target))
         .collect::<Result<Vec<_>>>()?;
     let new = concat_batches(target, &projected)?;
     let (applied, too_late) = agg::split_late(&new, cutoff)?;
+    let whole = held.iter().all(|b| {
+        bronze
+            .fields()
+            .iter()
+            .all(|f| b.schema().column_with_name(f.name()).is_some())
+    });
     // The too-late rows with every bronze column: the same split, over the whole rows.
-    let too_late = if too_late.num_rows() > 0 {
+    let too_late = if too_late.num_rows() == 0 {
+        Some(RecordBatch::new_empty(bronze.clone()))
+    } else if whole {
         let whole = held
             .iter()
             .map(|b| conform(b, bronze))
             .collect::<Result<Vec<_>>>()?;
-        agg::split_late(&concat_batches(bronze, &whole)?, cutoff)?.1
+        Some(agg::split_late(&concat_batches(bronze, &whole)?, cutoff)?.1)
     } else {
-        RecordBatch::new_empty(bronze.clone())
+        None
     };
-    Ok(NewRows {
-        oldest_landed: oldest_landed(&new),
+    Ok(HeldRows {
         new,
         applied,
         too_late,
@@ -493,6 +541,126 @@ fn held_rows(
 mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
+
+    /// New rows held with a job's columns only give what a bronze read gives: the
+    /// applied rows from memory, and the too-late ones — which the late ledger keeps
+    /// with every bronze column — read from bronze.
+    #[tokio::test]
+    async fn held_rows_without_every_column_read_their_too_late_rows_from_bronze() {
+        use crate::schema::ts_type;
+        let bronze = Arc::new(Schema::new(vec![
+            Field::new("event_id", DataType::Utf8, false),
+            Field::new("event_ts", ts_type(), false),
+            Field::new("sku", DataType::Utf8, true),
+            Field::new("_source_partition", DataType::Utf8, true),
+            Field::new("_landed_at", ts_type(), true),
+            Field::new("_batch_id", DataType::Int64, false),
+            Field::new("event_date", DataType::Date32, false),
+        ]));
+        let ts = [1_000_000i64, 9_000_000, 2_000_000, 8_000_000];
+        let rows = RecordBatch::try_new(
+            bronze.clone(),
+            vec![
+                Arc::new(StringArray::from(vec!["a", "b", "c", "d"])),
+                Arc::new(TimestampMicrosecondArray::from(ts.to_vec()).with_timezone("UTC")),
+                Arc::new(StringArray::from(vec!["s1", "s2", "s1", "s2"])),
+                Arc::new(StringArray::from(vec!["p"; 4])),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![10_000_000i64; 4]).with_timezone("UTC"),
+                ),
+                Arc::new(Int64Array::from(vec![1i64; 4])),
+                Arc::new(arrow::array::Date32Array::from(vec![0; 4])),
+            ],
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let wh = crate::sink::delta::Warehouse::new(
+            crate::storage::Location::open(dir.path().to_str().unwrap(), &Default::default(), true)
+                .unwrap(),
+        );
+        let t = wh
+            .open_or_create("bronze/orders", &bronze, &["event_date"])
+            .await
+            .unwrap();
+        let t = crate::sink::delta::append(t, vec![rows.clone()], &["event_date"], "i", 1)
+            .await
+            .unwrap();
+        let ctx = crate::sink::delta::session_with(&t, "bronze")
+            .await
+            .unwrap();
+        let target = Arc::new(Schema::new(vec![
+            Field::new("event_ts", ts_type(), false),
+            Field::new("sku", DataType::Utf8, true),
+            Field::new("_source_partition", DataType::Utf8, true),
+            Field::new("_landed_at", ts_type(), true),
+            Field::new("_batch_id", DataType::Int64, false),
+        ]));
+        let input = Input {
+            after_batch: 0,
+            upto_batch: 1,
+            bronze_version: None,
+        };
+        let take = |fresh: Option<&'static super::super::fresh::FreshRows>| {
+            let (ctx, target, bronze, input) = (&ctx, &target, &bronze, &input);
+            async move {
+                let mut state = JobState::initial(&["orders".to_string()], 0, 0);
+                let given = Given {
+                    fresh,
+                    prefetch: None,
+                };
+                let r = take_new_rows(
+                    given,
+                    Some(ctx),
+                    "bronze",
+                    "orders",
+                    input,
+                    target,
+                    bronze,
+                    Some(5_000_000),
+                    0,
+                    &mut state,
+                )
+                .await
+                .unwrap();
+                let sorted = |b: &RecordBatch, by: &str| {
+                    let c = b.column(b.schema().index_of(by).unwrap()).clone();
+                    let i = arrow::compute::sort_to_indices(&c, None, None).unwrap();
+                    arrow::compute::take_record_batch(b, &i).unwrap()
+                };
+                (
+                    sorted(&r.applied, "event_ts"),
+                    sorted(&r.too_late, "event_id"),
+                )
+            }
+        };
+        let from_bronze = take(None).await;
+        // Held with the target's columns only (as a writer keeps them).
+        let fresh: &'static super::super::fresh::FreshRows =
+            Box::leak(Box::new(super::super::fresh::FreshRows::default()));
+        let ix: Vec<usize> = target
+            .fields()
+            .iter()
+            .map(|f| bronze.index_of(f.name()).unwrap())
+            .collect();
+        fresh.hand_over("orders", 1, vec![rows.project(&ix).unwrap()]);
+        let held = take(Some(fresh)).await;
+        assert_eq!(fresh.taken(), 1, "the held rows were taken");
+        assert_eq!(held, from_bronze);
+        assert_eq!(held.0.num_rows(), 2);
+        assert_eq!(held.1.num_rows(), 2);
+        assert_eq!(
+            held.1.schema(),
+            bronze,
+            "too-late rows keep every bronze column"
+        );
+        let ids = held
+            .1
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!((ids.value(0), ids.value(1)), ("a", "c"));
+    }
 
     #[test]
     fn applied_rows_drop_what_was_too_late_for_its_batch() {

@@ -786,14 +786,22 @@ impl Ingestor {
                         &parts,
                     );
                     let writers = std::thread::available_parallelism().map_or(2, |n| n.get());
-                    let hold = self
-                        .fresh
-                        .as_ref()
-                        .is_some_and(|f| f.would_hold(delta::kept_bytes(&parts)));
+                    // Held with the columns the jobs read, once they are known.
+                    let wanted = self.fresh.as_ref().and_then(|f| f.wanted(source));
+                    let hold_columns: Option<Arc<[usize]>> = wanted.map(|w| {
+                        (0..schema.bronze.fields().len())
+                            .filter(|&i| w.contains(schema.bronze.field(i).name()))
+                            .collect()
+                    });
+                    let hold = self.fresh.as_ref().is_some_and(|f| match &hold_columns {
+                        Some(ix) => f.would_hold_columns(delta::kept_bytes_of(&parts, ix)),
+                        None => f.would_hold(delta::kept_bytes(&parts)),
+                    });
                     let how = delta::KeptWrite {
                         cut: Some(schema.bronze.index_of(EVENT_DATE)?),
                         writers,
                         hold,
+                        hold_columns,
                         remember: probed.then(|| schema.event_id_index()),
                     };
                     let written = delta::write_kept(&bronze, parts, props, how).await?;

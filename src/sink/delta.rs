@@ -768,7 +768,7 @@ pub async fn write_files(
 pub type Kept = (RecordBatch, Option<BooleanArray>);
 
 /// How [`write_kept`] writes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct KeptWrite {
     /// Cut the kept rows by the Date32 column at this index (bronze's `event_date`).
     pub cut: Option<usize>,
@@ -777,6 +777,9 @@ pub struct KeptWrite {
     /// Return the written rows too, in order (a batch small enough to hand to this
     /// process's jobs, [`crate::operator::fresh`]).
     pub hold: bool,
+    /// Hold only these columns (indices) of the written rows: what the jobs read. The
+    /// others are freed as each writer goes, as when nothing is held.
+    pub hold_columns: Option<Arc<[usize]>>,
     /// Return, for each file written, the filter hash of every row's value of the
     /// string column at this index, in row order ([`crate::sink::known`]).
     pub remember: Option<usize>,
@@ -811,6 +814,7 @@ pub async fn write_kept(
         .into_iter()
         .map(|run| {
             let (table, props, url) = (table.clone(), props.clone(), url.clone());
+            let how = how.clone();
             tokio::spawn(async move {
                 let mut w = deltalake::writer::RecordBatchWriter::for_table(&table)
                     .map_err(|e| Error::delta(&url, e))?
@@ -821,7 +825,10 @@ pub async fn write_kept(
                 for (b, keep) in run {
                     for b in kept_rows(b, keep.as_ref(), how.cut)? {
                         if how.hold {
-                            held.push(b.clone());
+                            held.push(match &how.hold_columns {
+                                Some(ix) => b.project(ix)?,
+                                None => b.clone(),
+                            });
                         }
                         let values = one_partition(&b, &partitions)?;
                         if let (Some(h), Some(col)) = (hashes.as_mut(), how.remember) {
@@ -1010,6 +1017,24 @@ pub fn kept_bytes(parts: &[Kept]) -> usize {
         .iter()
         .map(|(b, k)| {
             let all = b.get_array_memory_size();
+            match k {
+                Some(k) if !k.is_empty() => all / k.len() * k.true_count(),
+                _ => all,
+            }
+        })
+        .sum()
+}
+
+/// [`kept_bytes`] of the `columns` (indices) only.
+pub fn kept_bytes_of(parts: &[Kept], columns: &[usize]) -> usize {
+    parts
+        .iter()
+        .map(|(b, k)| {
+            let all: usize = columns
+                .iter()
+                .filter(|&&i| i < b.num_columns())
+                .map(|&i| b.column(i).get_array_memory_size())
+                .sum();
             match k {
                 Some(k) if !k.is_empty() => all / k.len() * k.true_count(),
                 _ => all,
@@ -2171,9 +2196,10 @@ mod tests {
             cut: Some(1),
             writers: 8,
             hold: true,
+            hold_columns: None,
             remember: None,
         };
-        let written = write_kept(&table, parts.clone(), props.clone(), how)
+        let written = write_kept(&table, parts.clone(), props.clone(), how.clone())
             .await
             .unwrap();
         assert!(written.known.is_empty(), "nothing remembered unasked");

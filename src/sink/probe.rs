@@ -936,6 +936,7 @@ mod tests {
             cut: None,
             writers: 1,
             hold: false,
+            hold_columns: None,
             remember: Some(0),
         };
         // Batch 1: d1, d2, d1 again (a third of the rows dropped); remembered.
@@ -944,7 +945,7 @@ mod tests {
             part(1, "d2", 0, 3),
             part(1, "d1", 300, 3),
         ];
-        let written = delta::write_kept(&table, parts, props.clone(), how)
+        let written = delta::write_kept(&table, parts, props.clone(), how.clone())
             .await
             .unwrap();
         assert_eq!((written.adds.len(), written.known.len()), (2, 2));
