@@ -148,6 +148,15 @@ pub fn keys_batch<'a>(keys: impl Iterator<Item = &'a str>) -> crate::error::Resu
     Ok(RecordBatch::try_new(schema, vec![arr])?)
 }
 
+/// Whether `b` has a column of every name in `schema` (types aside: [`conform`] casts).
+pub fn has_columns(b: &RecordBatch, schema: &Schema) -> bool {
+    let have = b.schema();
+    schema
+        .fields()
+        .iter()
+        .all(|f| have.column_with_name(f.name()).is_some())
+}
+
 /// `b` with the columns of `target`, by name, cast to the target types.
 pub fn conform(b: &RecordBatch, target: &SchemaRef) -> crate::error::Result<RecordBatch> {
     let cols = target

@@ -163,13 +163,11 @@ impl FreshRows {
         }
         let mut g = self.held.lock().ok()?;
         let held = g.get_mut(source).filter(|h| h.batch == input.upto_batch)?;
-        let has = |b: &RecordBatch| {
-            target
-                .fields()
-                .iter()
-                .all(|f| b.schema().column_with_name(f.name()).is_some())
-        };
-        if !held.rows.iter().all(has) {
+        if !held
+            .rows
+            .iter()
+            .all(|b| crate::columns::has_columns(b, target))
+        {
             return None;
         }
         self.taken.fetch_add(1, Ordering::Relaxed);

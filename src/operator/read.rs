@@ -512,12 +512,7 @@ fn held_rows(
         .collect::<Result<Vec<_>>>()?;
     let new = concat_batches(target, &projected)?;
     let (applied, too_late) = agg::split_late(&new, cutoff)?;
-    let whole = held.iter().all(|b| {
-        bronze
-            .fields()
-            .iter()
-            .all(|f| b.schema().column_with_name(f.name()).is_some())
-    });
+    let whole = held.iter().all(|b| crate::columns::has_columns(b, bronze));
     // The too-late rows with every bronze column: the same split, over the whole rows.
     let too_late = if too_late.num_rows() == 0 {
         Some(RecordBatch::new_empty(bronze.clone()))

@@ -1013,28 +1013,26 @@ pub fn kept_count(parts: &[Kept]) -> usize {
 /// The memory the rows `parts` keep would take once copied: each batch's share of its
 /// kept rows (a batch's arrays may hold more than its rows, as builders leave them).
 pub fn kept_bytes(parts: &[Kept]) -> usize {
-    parts
-        .iter()
-        .map(|(b, k)| {
-            let all = b.get_array_memory_size();
-            match k {
-                Some(k) if !k.is_empty() => all / k.len() * k.true_count(),
-                _ => all,
-            }
-        })
-        .sum()
+    kept_share(parts, RecordBatch::get_array_memory_size)
 }
 
 /// [`kept_bytes`] of the `columns` (indices) only.
 pub fn kept_bytes_of(parts: &[Kept], columns: &[usize]) -> usize {
+    kept_share(parts, |b| {
+        columns
+            .iter()
+            .filter(|&&i| i < b.num_columns())
+            .map(|&i| b.column(i).get_array_memory_size())
+            .sum()
+    })
+}
+
+/// The kept rows' share of `bytes` of each batch of `parts`, summed.
+fn kept_share(parts: &[Kept], bytes: impl Fn(&RecordBatch) -> usize) -> usize {
     parts
         .iter()
         .map(|(b, k)| {
-            let all: usize = columns
-                .iter()
-                .filter(|&&i| i < b.num_columns())
-                .map(|&i| b.column(i).get_array_memory_size())
-                .sum();
+            let all = bytes(b);
             match k {
                 Some(k) if !k.is_empty() => all / k.len() * k.true_count(),
                 _ => all,
