@@ -1030,6 +1030,17 @@ mod tests {
         );
     }
 
+    /// A five-minute tumbling window and a ten-minute window sliding by five.
+    fn tumbling_and_sliding() -> [WindowSpec; 2] {
+        [
+            WindowSpec::Tumbling { size: 5 * M },
+            WindowSpec::Sliding {
+                size: 10 * M,
+                slide: 5 * M,
+            },
+        ]
+    }
+
     /// Rows in several batches are assigned exactly as the same rows concatenated: the
     /// same rows in the same order, the same touched windows (finalising ones included),
     /// the same key ids — for tumbling and sliding windows, with empty batches between.
@@ -1043,13 +1054,7 @@ mod tests {
         ];
         let whole = arrow::compute::concat_batches(&parts[0].schema(), &parts).unwrap();
         let applied = rows(&[("a", 12 * M), ("b", M), ("c", 14 * M)]);
-        for spec in [
-            WindowSpec::Tumbling { size: 5 * M },
-            WindowSpec::Sliding {
-                size: 10 * M,
-                slide: 5 * M,
-            },
-        ] {
+        for spec in tumbling_and_sliding() {
             for finalising in [None, Some((Some(5 * M), 10 * M))] {
                 let assign = |split: bool| {
                     let mut enc = KeyEncoder::new(&whole.schema(), &keys()).unwrap();
@@ -1115,13 +1120,7 @@ mod tests {
         ]);
         let mut parts = older.to_vec();
         parts.push(applied.clone());
-        for spec in [
-            WindowSpec::Tumbling { size: 5 * M },
-            WindowSpec::Sliding {
-                size: 10 * M,
-                slide: 5 * M,
-            },
-        ] {
+        for spec in tumbling_and_sliding() {
             for finalising in [None, Some((Some(5 * M), 10 * M))] {
                 let assign = |given: bool| {
                     let mut enc = KeyEncoder::new(&applied.schema(), &keys()).unwrap();

@@ -28,6 +28,17 @@ pub(crate) fn files_by_mtime(dir: &Path) -> Vec<(PathBuf, i64)> {
     out
 }
 
+/// Copy `files` (from [`files_by_mtime`] of `from`'s landing zone) to the same paths of
+/// `to`'s, each with its arrival time.
+pub(crate) fn land_copies(from: &Env, to: &Env, files: &[(PathBuf, i64)]) {
+    for (p, mtime) in files {
+        let dest = to.landing().join(p.strip_prefix(from.landing()).unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(p, &dest).unwrap();
+        set_mtime(&dest, *mtime);
+    }
+}
+
 /// Processing-time and storage-identity columns, which differ between two replays.
 pub(crate) const SKIP: [&str; 6] = [
     "_ingested_at",
@@ -97,13 +108,7 @@ fn a_replay_under_store_faults_equals_a_clean_replay() {
     let (mut injected, mut retried, mut ours, mut failed_runs) = (0, 0, 0, 0);
     for (k, chunk) in files.chunks(per).enumerate() {
         for env in [&clean, &faulty] {
-            for (p, mtime) in chunk {
-                let rel = p.strip_prefix(source.landing()).unwrap();
-                let to = env.landing().join(rel);
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                std::fs::copy(p, &to).unwrap();
-                set_mtime(&to, *mtime);
-            }
+            land_copies(&source, env, chunk);
         }
         clean.run_ok(&["run"], 0);
         let mut done = false;
@@ -174,14 +179,7 @@ fn a_source_that_fails_to_ingest_holds_back_only_the_jobs_that_read_it() {
     let (clean, faulty) = (Env::new(), Env::new());
     for (k, chunk) in files.chunks(files.len().div_ceil(2)).enumerate() {
         for env in [&clean, &faulty] {
-            for (p, mtime) in chunk {
-                let to = env
-                    .landing()
-                    .join(p.strip_prefix(source.landing()).unwrap());
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                std::fs::copy(p, &to).unwrap();
-                set_mtime(&to, *mtime);
-            }
+            land_copies(&source, env, chunk);
         }
         clean.run_ok(&["run"], 0);
         if k == 0 {
@@ -282,12 +280,7 @@ fn a_full_disk_fails_cleanly_and_the_next_run_completes() {
     let Some(_disk) = Tmpfs::mount(&env.warehouse(), 64) else {
         return;
     };
-    for (p, mtime) in files_by_mtime(&clean.landing()) {
-        let to = env.landing().join(p.strip_prefix(clean.landing()).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&p, &to).unwrap();
-        set_mtime(&to, mtime);
-    }
+    land_copies(&clean, &env, &files_by_mtime(&clean.landing()));
     clean.run_ok(&["run"], 0);
     // Leave ~300 KiB: bronze fits partly, the rest does not.
     let filler = env.warehouse().join("filler");

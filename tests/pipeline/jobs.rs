@@ -804,7 +804,7 @@ fn processing_time_stamps_come_from_the_clock_passed_in() {
 /// for batch: three drops of the demo's events, each followed by a run.
 #[test]
 fn sources_and_jobs_at_once_give_the_tables_of_one_by_one() {
-    use crate::faults::{files_by_mtime, replay_tables, SKIP};
+    use crate::faults::{files_by_mtime, land_copies, replay_tables, SKIP};
     let source = Env::new();
     source.run_ok(&["demo", "--hours", "2", "--scale", "0.1"], 0);
     let files = files_by_mtime(&source.landing());
@@ -813,14 +813,7 @@ fn sources_and_jobs_at_once_give_the_tables_of_one_by_one() {
     let third = files.len().div_ceil(3);
     for drop in files.chunks(third) {
         for env in [&serial, &parallel] {
-            for (p, mtime) in drop {
-                let to = env
-                    .landing()
-                    .join(p.strip_prefix(source.landing()).unwrap());
-                std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-                std::fs::copy(p, &to).unwrap();
-                set_mtime(&to, *mtime);
-            }
+            land_copies(&source, env, drop);
             env.run_ok(&["run"], 0);
         }
     }
@@ -860,21 +853,15 @@ fn sources_and_jobs_at_once_give_the_tables_of_one_by_one() {
 /// and every table and run-log count equals a run that did one thing at a time.
 #[test]
 fn a_job_that_reads_one_source_follows_its_ingestion_and_gives_the_tables_of_one_by_one() {
-    use crate::faults::{files_by_mtime, replay_tables, SKIP};
+    use crate::faults::{files_by_mtime, land_copies, replay_tables, SKIP};
     let source = Env::new();
     source.run_ok(&["demo", "--hours", "1", "--scale", "0.05"], 0);
     let batches = "[ingest]\nmax_files_per_batch = 10";
     let serial = Env::with_config(&format!("parallel_jobs = 1\n{batches}"));
     let parallel = Env::with_config(&format!("parallel_jobs = 8\n{batches}"));
+    let files = files_by_mtime(&source.landing());
     for env in [&serial, &parallel] {
-        for (p, mtime) in files_by_mtime(&source.landing()) {
-            let to = env
-                .landing()
-                .join(p.strip_prefix(source.landing()).unwrap());
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(&p, &to).unwrap();
-            set_mtime(&to, mtime);
-        }
+        land_copies(&source, env, &files);
     }
     serial.run_ok(&["run"], 0);
     let out = parallel.kestrel_env(&["run"], &[("KESTREL_DELAY", "ingest_after_batch:300")]);
