@@ -166,13 +166,7 @@ impl Site {
         let out = app.run(&[], &[]).await.unwrap();
         assert!(out.failures().is_none(), "{:?}", out.failures());
         let total = t.elapsed().as_secs_f64();
-        let ingested_us = out
-            .sources
-            .iter()
-            .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
-            .max()
-            .unwrap_or(started_us);
-        let ingest_s = ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total);
+        let ingest_s = ingested_after(&out, started_us, total);
         let job_s = self
             .specs
             .iter()
@@ -219,6 +213,18 @@ impl Site {
         }
         (ingest_s, job_s)
     }
+}
+
+/// Seconds from `started_us` to the end of `out`'s last ingestion batch (by the run log's
+/// stamps), within `total`.
+fn ingested_after(out: &kestrel::app::RunOutcome, started_us: i64, total: f64) -> f64 {
+    let ingested_us = out
+        .sources
+        .iter()
+        .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
+        .max()
+        .unwrap_or(started_us);
+    ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

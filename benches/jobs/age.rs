@@ -565,12 +565,6 @@ async fn run_once(
     let out = app.run(&[], &[]).await.unwrap();
     assert!(out.failures().is_none(), "{:?}", out.failures());
     let total = t.elapsed().as_secs_f64();
-    let ingested_us = out
-        .sources
-        .iter()
-        .flat_map(|r| r.batches.iter().map(|b| b.finished_at_us))
-        .max()
-        .unwrap_or(started_us);
     // Each source's and job's batches (from the run log's own start and finish stamps:
     // the batch, not the compaction after it) beside the storage operations.
     let took = |what: String, started_us: i64, finished_us: i64| {
@@ -595,7 +589,7 @@ async fn run_once(
             );
         }
     }
-    let ingest_s = ((ingested_us - started_us) as f64 / 1e6).clamp(0.0, total);
+    let ingest_s = super::ingested_after(&out, started_us, total);
     (ingest_s, vec![total - ingest_s])
 }
 
