@@ -332,11 +332,7 @@ impl App {
                 async move {
                     // The semaphore is never closed; without a slot, ingest anyway.
                     let _slot = slots.acquire().await.ok();
-                    let r = Arc::new(self.ingestor.ingest_source(s).await);
-                    if let Some(p) = progress {
-                        p.ended(s);
-                    }
-                    r
+                    Arc::new(self.ingestor.ingest_source(s).await)
                 }
                 .shared()
             })

@@ -70,6 +70,15 @@ impl Progress {
         }
     }
 
+    /// A guard that reports `source`'s ingestion ended when dropped: on every way out of
+    /// it, an early error included.
+    pub fn ending<'a>(&'a self, source: &'a str) -> Ending<'a> {
+        Ending {
+            progress: self,
+            source,
+        }
+    }
+
     /// A follower of `source`'s ingestion that holds one of `slots` while it works.
     pub fn follow(&self, source: &str, slots: Arc<Semaphore>) -> Option<Follower> {
         Some(Follower {
@@ -78,6 +87,18 @@ impl Progress {
             slots,
             slot: None,
         })
+    }
+}
+
+/// Reports its source's ingestion ended when dropped ([`Progress::ending`]).
+pub struct Ending<'a> {
+    progress: &'a Progress,
+    source: &'a str,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.progress.ended(self.source);
     }
 }
 
@@ -172,6 +193,19 @@ mod tests {
         progress.ended("orders");
         assert_eq!(g.next_after(3).await, Some(4));
         assert_eq!(g.next_after(4).await, None);
+    }
+
+    #[tokio::test]
+    async fn an_ending_guard_ends_the_ingestion_when_dropped() {
+        let progress = Progress::default();
+        let mut f = progress
+            .follow("orders", Arc::new(Semaphore::new(1)))
+            .unwrap();
+        let ending = progress.ending("orders");
+        progress.completed("orders", 1);
+        assert_eq!(f.next_after(0).await, Some(1));
+        drop(ending);
+        assert_eq!(f.next_after(1).await, None);
     }
 
     #[tokio::test]

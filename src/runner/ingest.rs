@@ -334,6 +334,9 @@ impl Ingestor {
 
     /// Ingest everything newly landed for one source (as many batches as needed).
     pub async fn ingest_source(&self, source: &str) -> Result<SourceReport> {
+        // Its end is reported to the jobs that follow it on every way out, and before the
+        // compaction, which they need not wait for.
+        let ending = self.progress.as_ref().map(|p| p.ending(source));
         let schema = self
             .schemas
             .get(source)
@@ -346,10 +349,7 @@ impl Ingestor {
         )
         .await?;
         let result = self.ingest_batches(source, &schema, &mut lease).await;
-        // The jobs that follow it need not wait for the compaction.
-        if let Some(p) = &self.progress {
-            p.ended(source);
-        }
+        drop(ending);
         if let Some(r) = result.as_ref().ok().filter(|r| !r.batches.is_empty()) {
             self.compact_open(source, r.quarantined() > 0).await;
         }
