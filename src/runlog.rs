@@ -283,9 +283,19 @@ impl Row<'_> {
     }
 }
 
+/// One run-log append at a time in a process. A run's sources and jobs log their batches
+/// from tasks of their own, and concurrent blind appends to one table each retry
+/// against every commit that beat them: with `parallel_jobs = 8`, seven jobs and four
+/// sources under a loaded machine, one append used up delta-rs's 15 attempts and failed
+/// its ingestion ("Failed to commit transaction: 15"). In turn, each append opens the
+/// table at the version the one before it wrote and commits without a conflict; only
+/// another process's appends still race it (and retry).
+static APPENDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Append `row` unless its batch is already logged (txn per kind and name). Returns true
 /// if written.
 async fn append(wh: &Warehouse, row: &Row<'_>) -> Result<bool> {
+    let _one = APPENDS.lock().await;
     let table = wh
         .open_or_create(names::table::RUNS, &SCHEMA, &[PARTITION])
         .await?;
