@@ -3,6 +3,7 @@
 //! of their own ([`aggregate`]), so micro-batch runs and backfills share them.
 
 pub mod aggregate;
+pub mod fold;
 pub mod keys;
 pub mod plan;
 pub mod sessions_open;

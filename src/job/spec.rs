@@ -512,8 +512,11 @@ mod tests {
                 window,
                 aggregates,
                 inputs,
+                folds,
             }) => {
                 assert_eq!(keys, &vec!["sku".to_string()]);
+                use crate::job::fold::Fold;
+                assert_eq!(folds, &Some(vec![Fold::Count, Fold::Sum, Fold::Sum]));
                 assert_eq!(inputs, &vec!["amount_cents", "quantity", "sku"]);
                 assert_eq!(
                     *window,

@@ -66,7 +66,8 @@ impl Env {
         c.env_remove("KESTREL_FAULT")
             .env_remove("KESTREL_STORE_FAULTS")
             .env_remove("KESTREL_LANDING")
-            .env_remove("KESTREL_WAREHOUSE");
+            .env_remove("KESTREL_WAREHOUSE")
+            .env_remove("KESTREL_WINDOWS");
         for (k, v) in env {
             c.env(k, v);
         }

@@ -15,6 +15,9 @@ const TAKEN: &str = "new rows taken in memory";
 /// computed (`operator::prefetch`).
 const AHEAD: &str = "new rows read ahead";
 
+/// The line of a windowed job batch that folded its rows into gold (`job::fold`).
+const FOLDED: &str = "windows folded";
+
 /// A replay of an hour of demo drops (duplicates, malformed lines, orders too late for
 /// the revenue jobs, a backlog of several ingestion batches per source in every run),
 /// once with the handover and the read-ahead and once reading bronze: every bronze,
@@ -33,7 +36,7 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
     let (memory, bronze) = (Env::with_config(cfg), Env::with_config(cfg));
     let bs = buckets(&files);
     assert!(bs.len() >= 4, "{} buckets", bs.len());
-    let (mut taken, mut ahead) = ([0usize; 2], [0usize; 2]);
+    let (mut taken, mut ahead, mut folded) = ([0usize; 2], [0usize; 2], [0usize; 2]);
     for (i, b) in bs.iter().enumerate() {
         for (k, env) in [&memory, &bronze].into_iter().enumerate() {
             land_all(env, b);
@@ -49,17 +52,22 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
                 env.land(&last, order.as_bytes(), b[b.len() - 1].0);
             }
             let mut vars = vec![
-                ("RUST_LOG", "kestrel::operator::read=debug"),
+                (
+                    "RUST_LOG",
+                    "kestrel::operator::read=debug,kestrel::operator::windowed=info",
+                ),
                 ("KESTREL_DELAY", "ingest_after_batch:200"),
             ];
             if k == 1 {
                 vars.push(("KESTREL_NEW_ROWS", "bronze"));
+                vars.push(("KESTREL_WINDOWS", "recompute"));
             }
             let out = env.kestrel_env(&["run"], &vars);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(0), "bucket {i}: {err}");
             taken[k] += err.lines().filter(|l| l.contains(TAKEN)).count();
             ahead[k] += err.lines().filter(|l| l.contains(AHEAD)).count();
+            folded[k] += err.lines().filter(|l| l.contains(FOLDED)).count();
         }
     }
     assert_same_tables(&memory, &bronze);
@@ -80,4 +88,11 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
         ahead[1], 0,
         "KESTREL_NEW_ROWS=bronze reads bronze when a batch runs"
     );
+    // revenue_5m (tumbling) and revenue_1h (sliding) fold every batch after their first.
+    assert!(
+        folded[0] >= 2 * (bs.len() - 1),
+        "{} batches folded",
+        folded[0]
+    );
+    assert_eq!(folded[1], 0, "KESTREL_WINDOWS=recompute recomputes");
 }
