@@ -437,9 +437,11 @@ impl Ingestor {
                 lease.renew(self.cfg.ingest.lease_ttl).await?;
                 // A backlog's next batch starts from what the last one freed, not on top
                 // of it: over 5M orders in four batches the resident floor between
-                // batches rose 225 → 449 MiB without this, and stays at 120–145 MiB with
-                // it (no slower; `--bench jobs -- throughput`).
-                crate::alloc::release();
+                // batches rose 225 → 449 MiB without giving it back, and stayed at
+                // 120–145 MiB with it. Given back only above a bound, though: below
+                // it the next batch reuses the pages instead of faulting them in anew
+                // (see `alloc::KEEP_RESIDENT_BYTES`).
+                crate::alloc::release_above(crate::alloc::KEEP_RESIDENT_BYTES);
             }
             let n = last + 1;
             let (plan, resumed) = match ledger::read_plan(&self.wh, source, n).await? {
