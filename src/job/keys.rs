@@ -112,6 +112,13 @@ impl KeyEncoder {
             })
             .collect::<std::result::Result<Vec<ArrayRef>, KeyError>>()?;
         let mut out = Vec::with_capacity(batch.num_rows());
+        if cols.is_empty() {
+            // No key columns (a job of one row per window): every row has the one key.
+            // The row format would give no rows at all, having no column to count them.
+            let id = self.intern(Some(&[]));
+            out.resize(batch.num_rows(), id);
+            return Ok(out);
+        }
         match &self.conv {
             None => {
                 let c = cast(&cols[0], &DataType::Utf8)?;
