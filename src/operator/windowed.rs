@@ -1101,6 +1101,53 @@ late_policy = "side_output"
         assert_eq!((m["rows_in"], m["windows"]), (0, 0));
     }
 
+    /// A job without keys: one row per window, folded like any other.
+    #[tokio::test]
+    async fn a_job_without_keys_has_one_row_per_window() {
+        for fold in [true, false] {
+            let mut h = Harness::new("2026-12-01T12:00:00Z");
+            let mut job = h.job(&JOB.replace("keys = [\"sku\"]", "keys = []")).await;
+            if !fold {
+                let Some(w) = job
+                    .operator
+                    .as_any()
+                    .downcast_ref::<super::Windowed>()
+                    .cloned()
+                else {
+                    panic!("{:?}", job.operator);
+                };
+                job.operator = std::sync::Arc::new(super::Windowed { folds: None, ..w });
+            }
+            h.land(
+                "orders",
+                "2026-12-01T10:06:10Z",
+                &[
+                    order("e1", "10:01:00", "A", 100),
+                    order("e2", "10:03:00", "B", 50),
+                ],
+            );
+            h.run(&job).await;
+            h.land(
+                "orders",
+                "2026-12-01T10:08:10Z",
+                &[
+                    order("e3", "10:02:00", "A", 7),
+                    order("e4", "10:07:00", "B", 1),
+                ],
+            );
+            h.run(&job).await;
+            assert_eq!(
+                h.rows(
+                    "gold/rev",
+                    "SELECT window_start, orders, revenue_cents FROM t ORDER BY window_start"
+                )
+                .await,
+                ["2026-12-01T10:00:00Z|3|157", "2026-12-01T10:05:00Z|1|1"],
+                "fold: {fold}"
+            );
+        }
+    }
+
     const SESSIONS: &str = r#"
 name = "visits"
 schedule = "0 */5 * * * *"
