@@ -308,11 +308,22 @@ impl App {
         // A batch handed over goes once the run's jobs that read its source took it.
         if let Some(f) = self.ingestor.fresh() {
             for s in sources {
-                let readers = jobs
+                let readers: Vec<&&JobSpec> = jobs
                     .iter()
                     .filter(|j| j.sources.iter().any(|js| js == *s))
-                    .count();
-                f.expect_takers(s, readers);
+                    .collect();
+                f.expect_takers(s, readers.len());
+                // Held with the columns its jobs read from the first batch, when every
+                // one of them says which before it runs.
+                let declared = self.schemas.get(s.as_str()).and_then(|schema| {
+                    readers
+                        .iter()
+                        .map(|j| j.operator.new_row_columns(j, s, &schema.bronze))
+                        .collect::<Option<Vec<Vec<String>>>>()
+                });
+                if let Some(cols) = declared.filter(|c| !c.is_empty()) {
+                    f.want(s, cols.into_iter().flatten());
+                }
             }
         }
         // A slot per source or job at work; fair, so sources queued first go first.

@@ -517,6 +517,24 @@ mod tests {
                 assert_eq!(keys, &vec!["sku".to_string()]);
                 use crate::job::fold::Fold;
                 assert_eq!(folds, &Some(vec![Fold::Count, Fold::Sum, Fold::Sum]));
+                // What it takes of the new orders, declared before its first batch.
+                let all = schemas();
+                let bronze = &all["orders"].bronze;
+                let mut cols = r.operator.new_row_columns(r, "orders", bronze).unwrap();
+                cols.sort();
+                assert_eq!(
+                    cols,
+                    [
+                        "_batch_id",
+                        "_landed_at",
+                        "_source_partition",
+                        "amount_cents",
+                        "event_ts",
+                        "quantity",
+                        "sku"
+                    ]
+                );
+                assert_eq!(r.operator.new_row_columns(r, "payments", bronze), None);
                 assert_eq!(inputs, &vec!["amount_cents", "quantity", "sku"]);
                 assert_eq!(
                     *window,

@@ -33,7 +33,8 @@
 //!   column not held reads bronze, and too-late rows (which the late ledger keeps
 //!   whole) are read from bronze when the held rows lack bronze columns;
 //! - one batch per source, the latest: a source forgets its held rows when its next
-//!   batch starts, so a backlog holds at most its last batch;
+//!   batch starts, so a backlog holds at most its last batch — or, when jobs follow the
+//!   ingestion, when its next batch is handed over (or its jobs took it);
 //! - `kestrel run` drops a batch as soon as every job of the run that reads its source
 //!   has taken it ([`FreshRows::expect_takers`]; the job's own copy of the columns it
 //!   reads is what stays, as a bronze read's result would), and everything when the
@@ -137,6 +138,15 @@ impl FreshRows {
         }
         if let Ok(mut g) = self.held.lock() {
             g.insert(source.to_string(), Held { batch, rows, left });
+        }
+    }
+
+    /// `columns` of `source`'s new rows are wanted from its next batch on, as if a job
+    /// had taken them: what the jobs that read it declare before their first batch
+    /// ([`crate::operator::Operator::new_row_columns`]).
+    pub fn want(&self, source: &str, columns: impl IntoIterator<Item = String>) {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.entry(source.to_string()).or_default().extend(columns);
         }
     }
 
@@ -301,8 +311,12 @@ mod tests {
         assert!(f.take("orders", &input(0, 1), &wide).is_none());
         assert!(f.take("orders", &input(0, 1), &target()).is_none());
         let want: BTreeSet<String> = ["_batch_id".to_string(), "sku".to_string()].into();
-        assert_eq!(f.wanted("orders"), Some(want));
+        assert_eq!(f.wanted("orders"), Some(want.clone()));
         assert_eq!(f.wanted("payments"), None);
+        // Declared before any take: wanted as if taken, and added to.
+        f.want("payments", ["sku".to_string()]);
+        f.want("payments", ["_batch_id".to_string()]);
+        assert_eq!(f.wanted("payments"), Some(want));
         // Held with `_batch_id` only: a job reading `sku` too reads bronze.
         f.hand_over("orders", 2, rows(2));
         assert!(f.take("orders", &input(1, 2), &wide).is_none());

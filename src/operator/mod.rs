@@ -81,6 +81,19 @@ pub trait Operator: std::fmt::Debug + Send + Sync {
         None
     }
 
+    /// The columns of `source`'s new rows (of bronze schema `bronze`) this operator's
+    /// batches read, when it knows them before its first batch (None: learnt from that
+    /// batch's read). A run then holds the batches it hands over to its jobs with those
+    /// columns only from the first ([`fresh::FreshRows::want`]).
+    fn new_row_columns(
+        &self,
+        _spec: &JobSpec,
+        _source: &str,
+        _bronze: &arrow::datatypes::Schema,
+    ) -> Option<Vec<String>> {
+        None
+    }
+
     /// Whether `kestrel stream` can run the job always-on.
     fn can_stream(&self) -> bool {
         false

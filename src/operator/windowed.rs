@@ -263,6 +263,23 @@ impl Operator for Windowed {
         }
     }
 
+    /// What [`Windowed::process`] takes of its source's new rows: keys, the columns its
+    /// aggregates read, the time columns.
+    fn new_row_columns(
+        &self,
+        spec: &JobSpec,
+        source: &str,
+        bronze: &Schema,
+    ) -> Option<Vec<String>> {
+        (spec.sources.first().map(String::as_str) == Some(source)).then(|| {
+            agg::job_input_schema(bronze, Some(&[&self.keys, &self.inputs]))
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect()
+        })
+    }
+
     fn merge_keys(&self, given: Option<Vec<String>>) -> std::result::Result<Vec<String>, String> {
         Ok(given.unwrap_or_else(|| {
             let mut k = self.keys.to_vec();
