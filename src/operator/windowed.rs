@@ -419,7 +419,9 @@ impl Operator for Windowed {
                     Some(_) if folding() => foldable_gold(cx, spec, aggregates).await?,
                     _ => None,
                 };
-                if let (Some(gctx), Some(folds)) = (gold_ctx, self.folds.as_deref()) {
+                let (agg_schema, out) = if let (Some(gctx), Some(folds)) =
+                    (gold_ctx, self.folds.as_deref())
+                {
                     // Fold the applied rows into gold's windows (`crate::job::fold`).
                     let assigned = agg::assign_windows_in(
                         &mut enc,
@@ -443,6 +445,8 @@ impl Operator for Windowed {
                         &agg_schema,
                     )
                     .await?;
+                    // The batch's reads are done (see the recompute below).
+                    cx.read_ahead();
                     let gold_ms = t.elapsed().as_millis() as u64 - touch_ms - aggregate_ms;
                     let held_rows = held.num_rows();
                     let out =
@@ -458,16 +462,7 @@ impl Operator for Windowed {
                         gold_rows = held_rows,
                         "windows folded"
                     );
-                    let gold_schema = agg::gold_schema(&agg_schema, keys, false);
-                    let stamp = GoldStamp {
-                        w_after,
-                        final_after: 0,
-                        batch_id: plan.batch_id,
-                        now_us: now,
-                    };
-                    let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-                    let windows = rows.iter().map(|b| b.num_rows()).sum();
-                    ((gold_schema, rows), windows, 0, touched.corrections)
+                    (agg_schema, out)
                 } else {
                     let mut ranges = touched.ranges(window);
                     if let Some((b, a)) = advanced {
@@ -476,9 +471,6 @@ impl Operator for Windowed {
                         let lo = b.map_or(Micros::MIN / 2, |b| b - agg::window_size(window) + 1);
                         ranges.push((lo, a));
                         ranges = agg::merge_ranges(ranges);
-                    }
-                    if std::env::var_os("KESTREL_EXP_NOREAD").is_some() {
-                        ranges.clear();
                     }
                     let rows =
                         recompute_parts(ctx.as_ref(), &ranges, older, &cutoffs, &applied).await?;
@@ -508,17 +500,18 @@ impl Operator for Windowed {
                         rows = rows.iter().map(|r| r.num_rows()).sum::<usize>(),
                         "windows recomputed"
                     );
-                    let gold_schema = agg::gold_schema(&agg_schema, keys, false);
-                    let stamp = GoldStamp {
-                        w_after,
-                        final_after: 0,
-                        batch_id: plan.batch_id,
-                        now_us: now,
-                    };
-                    let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
-                    let windows = rows.iter().map(|b| b.num_rows()).sum();
-                    ((gold_schema, rows), windows, 0, touched.corrections)
-                }
+                    (agg_schema, out)
+                };
+                let gold_schema = agg::gold_schema(&agg_schema, keys, false);
+                let stamp = GoldStamp {
+                    w_after,
+                    final_after: 0,
+                    batch_id: plan.batch_id,
+                    now_us: now,
+                };
+                let rows = agg::gold_rows(&out, &gold_schema, window, stamp)?;
+                let windows = rows.iter().map(|b| b.num_rows()).sum();
+                ((gold_schema, rows), windows, 0, touched.corrections)
             }
         };
 
@@ -735,22 +728,13 @@ async fn gold_sessions(
         return Ok(Vec::new());
     };
     let days = agg::dates_of(&[(lo - lookback, hi + 1)]);
-    let overlaps = ranges
-        .iter()
-        .map(|&(lo, hi)| {
-            col("session_end")
-                .gt_eq(read::ts_lit(lo))
-                .and(col("session_start").lt_eq(read::ts_lit(hi)))
-        })
-        .reduce(datafusion::prelude::Expr::or)
-        .unwrap_or(datafusion::prelude::lit(false));
+    let overlaps = any_range(ranges, |lo, hi| {
+        col("session_end")
+            .gt_eq(read::ts_lit(lo))
+            .and(col("session_start").lt_eq(read::ts_lit(hi)))
+    });
     let filter = read::dates_in(GOLD_PARTITION, &days).and(overlaps);
-    // Key columns typed as in bronze, so their encodings compare equal.
-    let mut fields: Vec<arrow::datatypes::Field> = agg::project(bronze, keys)?
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
+    let mut fields = key_fields(bronze, keys)?;
     for (name, ty) in [
         ("session_start", crate::schema::ts_type()),
         ("session_end", crate::schema::ts_type()),
@@ -777,6 +761,28 @@ async fn gold_sessions(
             end: end.value(i),
             is_final: fin.value(i),
         })
+        .collect())
+}
+
+/// `each` of the `[lo, hi]` ranges, or-ed (false for none): a gold lookup's filter.
+fn any_range(
+    ranges: &[(Micros, Micros)],
+    each: impl Fn(Micros, Micros) -> datafusion::prelude::Expr,
+) -> datafusion::prelude::Expr {
+    ranges
+        .iter()
+        .map(|&(lo, hi)| each(lo, hi))
+        .reduce(datafusion::prelude::Expr::or)
+        .unwrap_or(datafusion::prelude::lit(false))
+}
+
+/// The fields of the key columns typed as in bronze, so that gold's keys read with them
+/// encode as the new rows' do.
+fn key_fields(bronze: &Schema, keys: &[String]) -> Result<Vec<arrow::datatypes::Field>> {
+    Ok(agg::project(bronze, keys)?
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
         .collect())
 }
 
@@ -833,26 +839,17 @@ async fn gold_windows(
     if starts.is_empty() {
         return Ok(RecordBatch::new_empty(agg_schema.clone()));
     }
-    let within = starts
-        .iter()
-        .map(|&(lo, hi)| {
-            col("window_start")
-                .gt_eq(read::ts_lit(lo))
-                .and(col("window_start").lt(read::ts_lit(hi)))
-        })
-        .reduce(datafusion::prelude::Expr::or)
-        .unwrap_or(datafusion::prelude::lit(false));
+    let within = any_range(&starts, |lo, hi| {
+        col("window_start")
+            .gt_eq(read::ts_lit(lo))
+            .and(col("window_start").lt(read::ts_lit(hi)))
+    });
     // Dates prune partitions, unless a range is open to the past (the first watermark).
     let filter = match starts.first().is_some_and(|(lo, _)| *lo > Micros::MIN / 4) {
         true => read::dates_in(GOLD_PARTITION, &agg::dates_of(&starts)).and(within),
         false => within,
     };
-    // Key columns typed as in bronze, so their encodings compare equal.
-    let mut fields: Vec<arrow::datatypes::Field> = agg::project(bronze, keys)?
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
+    let mut fields = key_fields(bronze, keys)?;
     fields.push(arrow::datatypes::Field::new(
         "window_start",
         crate::schema::ts_type(),
@@ -1042,9 +1039,9 @@ late_policy = "side_output"
         five_cases(false).await;
     }
 
-    async fn five_cases(fold: bool) {
-        let mut h = Harness::new("2026-12-01T12:00:00Z");
-        let mut job = h.job(JOB).await;
+    /// The job of `toml`, folding (its aggregates must combine) or recomputing.
+    async fn job_folding(h: &Harness, toml: &str, fold: bool) -> crate::job::spec::JobSpec {
+        let mut job = h.job(toml).await;
         let Some(w) = job
             .operator
             .as_any()
@@ -1057,6 +1054,12 @@ late_policy = "side_output"
         if !fold {
             job.operator = std::sync::Arc::new(super::Windowed { folds: None, ..w });
         }
+        job
+    }
+
+    async fn five_cases(fold: bool) {
+        let mut h = Harness::new("2026-12-01T12:00:00Z");
+        let job = job_folding(&h, JOB, fold).await;
         // In order (and out of order within the batch): W = 10:06 − 30 s.
         h.land(
             "orders",
@@ -1123,36 +1126,22 @@ late_policy = "side_output"
     async fn a_job_without_keys_has_one_row_per_window() {
         for fold in [true, false] {
             let mut h = Harness::new("2026-12-01T12:00:00Z");
-            let mut job = h.job(&JOB.replace("keys = [\"sku\"]", "keys = []")).await;
-            if !fold {
-                let Some(w) = job
-                    .operator
-                    .as_any()
-                    .downcast_ref::<super::Windowed>()
-                    .cloned()
-                else {
-                    panic!("{:?}", job.operator);
-                };
-                job.operator = std::sync::Arc::new(super::Windowed { folds: None, ..w });
+            let job = job_folding(&h, &JOB.replace("keys = [\"sku\"]", "keys = []"), fold).await;
+            let batches = [
+                (
+                    "10:06:10",
+                    [("e1", "10:01:00", "A", 100), ("e2", "10:03:00", "B", 50)],
+                ),
+                (
+                    "10:08:10",
+                    [("e3", "10:02:00", "A", 7), ("e4", "10:07:00", "B", 1)],
+                ),
+            ];
+            for (landed, events) in batches {
+                let events = events.map(|(id, ts, sku, cents)| order(id, ts, sku, cents));
+                h.land("orders", &format!("2026-12-01T{landed}Z"), &events);
+                h.run(&job).await;
             }
-            h.land(
-                "orders",
-                "2026-12-01T10:06:10Z",
-                &[
-                    order("e1", "10:01:00", "A", 100),
-                    order("e2", "10:03:00", "B", 50),
-                ],
-            );
-            h.run(&job).await;
-            h.land(
-                "orders",
-                "2026-12-01T10:08:10Z",
-                &[
-                    order("e3", "10:02:00", "A", 7),
-                    order("e4", "10:07:00", "B", 1),
-                ],
-            );
-            h.run(&job).await;
             assert_eq!(
                 h.rows(
                     "gold/rev",
