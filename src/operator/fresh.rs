@@ -23,8 +23,10 @@
 //!   that raised the throughput benchmark's peak RSS by ≈ 180 MiB, and what it saved
 //!   (≈ 85 ms of a 0.6 s job batch) was lost again in slower encoding, so large
 //!   batches are read back from bronze;
-//! - once a job of the process has taken new rows of the source (from here or from
-//!   bronze), only the columns its jobs read ([`FreshRows::wanted`]), up to
+//! - once the columns its jobs read are known — declared by every job of the run that
+//!   reads the source before its first batch ([`FreshRows::want`]), or learnt when a job
+//!   of the process has taken new rows of it (from here or from bronze) — only those
+//!   columns ([`FreshRows::wanted`]), up to
 //!   [`HOLD_COLUMNS_BYTES`]: each writer keeps those columns of what it encodes and frees
 //!   the rest as it goes. A job that follows its source's ingestion
 //!   ([`crate::runner::follow`]) says which columns it reads with its first batch and

@@ -20,7 +20,8 @@ const FOLDED: &str = "windows folded";
 
 /// A replay of an hour of demo drops (duplicates, malformed lines, orders too late for
 /// the revenue jobs, a backlog of several ingestion batches per source in every run),
-/// once with the handover and the read-ahead and once reading bronze: every bronze,
+/// once with the handover, the read-ahead and the revenue jobs folding into gold, and once
+/// reading bronze and recomputing (`KESTREL_WINDOWS=recompute`): every bronze,
 /// quarantine, gold and late table and the run log are the same, and both were used.
 #[test]
 fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
