@@ -28,8 +28,10 @@ fn new_rows_from_memory_give_the_same_tables_as_from_bronze() {
     let files = demo_files();
     // Several ingestion batches per source and run, a slot for every source and job,
     // and a pause after each ingestion batch, so that the jobs following a source
-    // usually take its first batch (held whole), and so say which columns they read,
-    // before its next ones are written, which are then held with those columns only
+    // usually take its first batch (held whole, unless every job that reads the source
+    // declared its columns up front, as the two clickstream jobs do), and so say which
+    // columns they read, before its next ones are written, which are then held with
+    // those columns only
     // (how soon a job starts is the machine's; that path is checked deterministically
     // by `operator::read`'s tests). The jobs of two sources run after both ingestions
     // and read all but the last batch from bronze, ahead.
