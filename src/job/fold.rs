@@ -13,14 +13,14 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::cast;
+use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::Expr;
 use datafusion::prelude::SessionContext;
 
 use super::aggregate::WINDOW_START;
+use crate::columns::conform;
 use crate::error::{Error, Result};
 
 /// How a window's partial aggregate combines with another of the same window.
@@ -80,25 +80,6 @@ fn nullable(schema: &Schema) -> SchemaRef {
     ))
 }
 
-/// `b`'s columns named as `target`'s fields, cast to their types, under `target`.
-pub fn conform_to(b: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
-    let cols = target
-        .fields()
-        .iter()
-        .map(|f| {
-            let c = b.column_by_name(f.name()).ok_or_else(|| {
-                Error::from(crate::columns::ColumnError::Missing(f.name().to_string()))
-            })?;
-            Ok(cast(c, f.data_type())?)
-        })
-        .collect::<Result<Vec<ArrayRef>>>()?;
-    Ok(RecordBatch::try_new_with_options(
-        target.clone(),
-        cols,
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
-    )?)
-}
-
 /// The windows of `partial` (the aggregates of a batch's applied rows: keys,
 /// `window_start`, one column per aggregate, of schema `schema`) combined with `held`
 /// (gold's rows of the windows the batch writes, with the same columns): one row per
@@ -117,7 +98,7 @@ pub async fn fold(
     let loose = nullable(schema);
     let mut rows = Vec::with_capacity(partial.len() + 1);
     for b in partial.iter().chain(std::iter::once(&held)) {
-        rows.push(conform_to(b, &loose)?);
+        rows.push(conform(b, &loose)?);
     }
     let ctx = SessionContext::new_with_config(
         datafusion::prelude::SessionConfig::new().with_target_partitions(2),
@@ -136,7 +117,7 @@ pub async fn fold(
     let sql = format!("SELECT {g}, {} FROM w GROUP BY {g}", combined.join(", "));
     let df = ctx.sql(&sql).await.map_err(|e| Error::query(&sql, e))?;
     let out = df.collect().await.map_err(|e| Error::query(&sql, e))?;
-    out.iter().map(|b| conform_to(b, schema)).collect()
+    out.iter().map(|b| conform(b, schema)).collect()
 }
 
 #[cfg(test)]

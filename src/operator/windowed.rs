@@ -877,7 +877,7 @@ async fn gold_windows(
         })
         .collect();
     let b = filter_record_batch(&b, &wanted)?;
-    fold::conform_to(&b, agg_schema)
+    crate::columns::conform(&b, agg_schema)
 }
 
 /// The windows of `assigned` (the day's recomputed rows) that hold a row of the late
