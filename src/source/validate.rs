@@ -204,7 +204,15 @@ pub struct RowAssembler {
     rows: usize,
     reasons: Vec<String>,
     values_us: Vec<Option<i64>>,
+    /// Rows and bytes the file is expected to hold ([`RowAssembler::size_for`]); 0 rows
+    /// when unknown.
+    expected: usize,
+    expected_bytes: usize,
 }
+
+/// Rows whose string lengths size the string buffers of a file of known length
+/// ([`RowAssembler::size_for`]).
+const SIZING_SAMPLE: usize = 64;
 
 impl RowAssembler {
     /// New assembler for a source schema.
@@ -229,6 +237,56 @@ impl RowAssembler {
             rows: 0,
             reasons: Vec::new(),
             values_us: vec![None; n],
+            expected: 0,
+            expected_bytes: 0,
+        }
+    }
+
+    /// Size the buffers for about `rows` rows of `bytes` bytes in all (a file's line count
+    /// and length), before the first row: each buffer is allocated once instead of
+    /// doubling from a kilobyte, which copied every column's values several times a file
+    /// and faulted in twice the memory. String values are sized once the first
+    /// [`SIZING_SAMPLE`] rows show their lengths, a column at most the file's length. An
+    /// estimate off either way only costs the growth it would have anyway.
+    pub fn size_for(&mut self, rows: usize, bytes: usize) {
+        if self.rows > 0 || rows <= SIZING_SAMPLE {
+            return;
+        }
+        self.expected = rows;
+        self.expected_bytes = bytes;
+        for col in &mut self.cols {
+            *col = match col {
+                Col::Str(_) => Col::Str(StringBuilder::with_capacity(rows, 0)),
+                Col::Int(_) => Col::Int(Int64Builder::with_capacity(rows)),
+                Col::Ts(_) => Col::Ts(TimestampMicrosecondBuilder::with_capacity(rows)),
+            };
+        }
+        self.event_date = Date32Builder::with_capacity(rows);
+        self.lines = Int64Builder::with_capacity(rows);
+    }
+
+    /// Give each string column room for the expected rows at the mean length of the
+    /// sample's values (an eighth more), keeping the sample's values.
+    fn size_strings(&mut self) {
+        let (rows, expected) = (self.rows, self.expected);
+        for col in &mut self.cols {
+            let Col::Str(b) = col else { continue };
+            let per_row = b.values_slice().len().div_ceil(rows.max(1));
+            let want = per_row
+                .saturating_mul(expected)
+                .saturating_add(per_row.saturating_mul(expected) / 8)
+                .min(self.expected_bytes);
+            if want <= b.values_capacity() {
+                continue;
+            }
+            let sample = b.finish();
+            let mut sized = StringBuilder::with_capacity(expected, want);
+            // A sample of a few rows cannot overflow the offsets of a larger buffer.
+            if sized.append_array(&sample).is_err() {
+                sized = StringBuilder::new();
+                sample.iter().for_each(|v| sized.append_option(v));
+            }
+            *b = sized;
         }
     }
 
@@ -342,6 +400,9 @@ impl RowAssembler {
             .append_value(ts.div_euclid(US_PER_DAY) as i32);
         self.lines.append_value(line);
         self.rows += 1;
+        if self.rows == SIZING_SAMPLE && self.expected > SIZING_SAMPLE {
+            self.size_strings();
+        }
         Ok(())
     }
 
@@ -371,6 +432,7 @@ impl RowAssembler {
             TimestampMicrosecondArray::from(vec![ctx.ingested_at_us; n]).with_timezone("UTC"),
         ));
         self.rows = 0;
+        (self.expected, self.expected_bytes) = (0, 0);
         Ok(Some(RecordBatch::try_new(
             self.schema.bronze.clone(),
             arrays,
