@@ -146,13 +146,18 @@ pub fn decode_ndjson(
 /// Bytes at the head of a file whose lines estimate how many the file holds.
 const LINE_SAMPLE_BYTES: usize = 64 << 10;
 
+/// The shortest line [`estimated_lines`] counts on: no event is shorter, and a head of
+/// blank or tiny lines does not size a large file's buffers for a line a byte.
+const MIN_ESTIMATED_LINE_BYTES: usize = 16;
+
 /// About how many lines `data` holds: those of its first [`LINE_SAMPLE_BYTES`], scaled
-/// to its length (counting every newline of the file cost ≈ 1 % of the throughput
-/// benchmark's CPU).
+/// to its length, at most one per [`MIN_ESTIMATED_LINE_BYTES`] (counting every newline
+/// of the file cost ≈ 1 % of the throughput benchmark's CPU).
 fn estimated_lines(data: &[u8]) -> usize {
     let head = &data[..data.len().min(LINE_SAMPLE_BYTES)];
     let lines = memchr::memchr_iter(b'\n', head).count() + 1;
-    lines.saturating_mul(data.len()) / head.len().max(1)
+    let scaled = lines.saturating_mul(data.len()) / head.len().max(1);
+    scaled.min(data.len() / MIN_ESTIMATED_LINE_BYTES + 1)
 }
 
 /// NDJSON decoding fed in pieces of any size (a file in memory is one piece; a large
@@ -795,6 +800,23 @@ mod tests {
         );
         let raw = rejects[0].raw.as_ref().unwrap();
         assert!(raw.len() < MAX_RAW_BYTES + 100 && raw.ends_with("bytes in all]"));
+    }
+
+    /// The line estimate scales the head's lines to the file, and a head of blank lines
+    /// does not make it one line a byte.
+    #[test]
+    fn lines_are_estimated_from_the_head_and_bounded() {
+        let line = format!("{}\n", "x".repeat(99));
+        let file = line.repeat(10_000);
+        let est = estimated_lines(file.as_bytes());
+        assert!((9_900..=10_100).contains(&est), "{est}");
+        assert_eq!(estimated_lines(b""), 0);
+        let blank_head = format!("{}{}", "\n".repeat(LINE_SAMPLE_BYTES), line.repeat(10_000));
+        let len = blank_head.len();
+        assert_eq!(
+            estimated_lines(blank_head.as_bytes()),
+            len / MIN_ESTIMATED_LINE_BYTES + 1
+        );
     }
 
     /// A file read whole sizes its buffers from its line count and first rows; the rows
