@@ -1106,7 +1106,14 @@ async fn dedup(
 /// `into`: what a batch's dedup looks up in bronze.
 pub(crate) fn event_dates(b: &RecordBatch, idx: usize, into: &mut BTreeSet<i32>) {
     let d = b.column(idx).as_primitive::<Date32Type>();
-    into.extend(d.iter().flatten());
+    // Neighbours mostly share a date: one set insert per run of a date, not per row.
+    let mut last = None;
+    for v in d.iter().flatten() {
+        if last != Some(v) {
+            into.insert(v);
+            last = Some(v);
+        }
+    }
 }
 
 /// [`dedup`] of some of a batch's rows (`batches`, in plan order) against bronze in the
@@ -1426,6 +1433,25 @@ mod tests {
     use super::*;
     use arrow::array::StringArray;
     use arrow::datatypes::{DataType, Field, Schema};
+
+    /// A batch's event dates: every date once, runs of a date and nulls alike.
+    #[test]
+    fn event_dates_are_each_date_of_the_batch() {
+        let dates = arrow::array::Date32Array::from(vec![
+            Some(3),
+            Some(3),
+            None,
+            Some(1),
+            Some(3),
+            Some(2),
+            Some(2),
+        ]);
+        let schema = Arc::new(Schema::new(vec![Field::new("d", DataType::Date32, true)]));
+        let b = RecordBatch::try_new(schema, vec![Arc::new(dates)]).unwrap();
+        let mut into = BTreeSet::from([7]);
+        event_dates(&b, 0, &mut into);
+        assert_eq!(into.into_iter().collect::<Vec<_>>(), vec![1, 2, 3, 7]);
+    }
 
     /// Distinct ids of equal hashes are kept apart (each one's first occurrence wins),
     /// and repeats of either are dropped; hashes come sorted within a bucket.
