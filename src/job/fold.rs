@@ -15,13 +15,11 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::datasource::MemTable;
 use datafusion::logical_expr::Expr;
-use datafusion::prelude::SessionContext;
 
-use super::aggregate::WINDOW_START;
+use super::aggregate::aggregate_parts;
 use crate::columns::conform;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// How a window's partial aggregate combines with another of the same window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,31 +98,23 @@ pub async fn fold(
     for b in partial.iter().chain(std::iter::once(&held)) {
         rows.push(conform(b, &loose)?);
     }
-    let ctx = SessionContext::new_with_config(
-        datafusion::prelude::SessionConfig::new().with_target_partitions(2),
-    );
-    let table = MemTable::try_new(loose, vec![rows]).map_err(|e| Error::query("fold", e))?;
-    ctx.register_table("w", Arc::new(table))
-        .map_err(|e| Error::query("fold", e))?;
-    let mut group: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
-    group.push(format!("\"{WINDOW_START}\""));
-    let g = group.join(", ");
-    let combined: Vec<String> = aggregates
+    // The same aggregate as the partials', of each column by how it combines.
+    let combined: Vec<(String, String)> = aggregates
         .iter()
         .zip(folds)
-        .map(|((c, _), f)| format!("{}(\"{c}\") AS \"{c}\"", f.combine()))
+        .map(|((c, _), f)| (c.clone(), format!("{}(\"{c}\")", f.combine())))
         .collect();
-    let sql = format!("SELECT {g}, {} FROM w GROUP BY {g}", combined.join(", "));
-    let df = ctx.sql(&sql).await.map_err(|e| Error::query(&sql, e))?;
-    let out = df.collect().await.map_err(|e| Error::query(&sql, e))?;
+    let (_, out) = aggregate_parts(rows, keys, &combined, false).await?;
     out.iter().map(|b| conform(b, schema)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::aggregate::WINDOW_START;
     use arrow::array::{AsArray, Int64Array, StringArray};
     use arrow::datatypes::Int64Type;
+    use datafusion::prelude::SessionContext;
 
     fn planned(sql: &str) -> Expr {
         let ctx = SessionContext::new();
