@@ -7,7 +7,10 @@
 //! - kestrel ingestion: discovery, plan, strict decode + validation, dedup, bronze
 //!   Delta commit, quarantine, ledger and run log.
 //!
-//! It prints events/s, MB/s, peak memory of each phase, and their ratio. Then it
+//! It prints events/s, MB/s, peak memory and the cores busy on average (CPU time ÷
+//! wall time) of each phase, and their ratio; for kestrel, also where the full run's
+//! storage time went (`sink::timings`: encoding — in total and summed over each Parquet
+//! writer — commits, the dedup probe). Then it
 //! measures discovery cost against landing-zone size: listing one new file after the
 //! cursor vs a full listing, with 1k and 20k files already landed.
 
@@ -91,6 +94,16 @@ fn raw_decode(files: &[PathBuf], threads: usize) -> usize {
     rows.into_inner()
 }
 
+/// CPU time of this process, in microseconds.
+fn cpu_us() -> i64 {
+    kestrel::time::clock::cpu_us()
+}
+
+/// Cores busy on average since `cpu0` ([`cpu_us`]) over `secs` of wall time.
+fn cores_used(cpu0: i64, secs: f64) -> f64 {
+    (cpu_us() - cpu0) as f64 / 1e6 / secs
+}
+
 fn main() {
     // As the kestrel binary runs. RUST_LOG=kestrel=info shows per-batch phase timings.
     kestrel::alloc::tune();
@@ -118,13 +131,14 @@ fn main() {
     let mut raw = Vec::new();
     for t_n in [1, threads] {
         reset_peak();
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), cpu_us());
         let rows = raw_decode(&files, t_n);
         let raw_s = t.elapsed().as_secs_f64();
+        let cores = cores_used(cpu, raw_s);
         let raw_peak = peak_mib("self");
         assert_eq!(rows, events);
         println!(
-            "raw arrow-json decode, {t_n} thread(s): {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {raw_peak:.0} MiB",
+            "raw arrow-json decode, {t_n} thread(s): {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {raw_peak:.0} MiB  {cores:.2} cores busy",
             raw_s,
             events as f64 / raw_s,
             mb / raw_s
@@ -146,14 +160,15 @@ fn main() {
         cfg.ingest.max_bytes_per_batch = 64 * 1024 * 1024;
         cfg.ingest.sources = Some(vec!["orders".into()]);
         reset_peak();
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), cpu_us());
         let report = rt
             .block_on(async {
                 let ing = Ingestor::new(cfg, IngestOptions::default())?;
                 ing.ingest_source("orders").await
             })
             .unwrap();
-        (t.elapsed().as_secs_f64(), peak_mib("self"), report)
+        let s = t.elapsed().as_secs_f64();
+        (s, peak_mib("self"), report, cores_used(cpu, s))
     };
     let half = tmp.path().join("half");
     for f in &files[..files.len() / 2] {
@@ -163,10 +178,16 @@ fn main() {
         let mtime = filetime::FileTime::from_last_modification_time(&std::fs::metadata(f).unwrap());
         filetime::set_file_mtime(&dest, mtime).unwrap();
     }
-    let (h_s, h_peak, h_report) = ingest(&half, &tmp.path().join("wh-half"));
-    let (k_s, k_peak, report) = ingest(&landing, &tmp.path().join("warehouse"));
+    let (h_s, h_peak, h_report, _) = ingest(&half, &tmp.path().join("wh-half"));
+    let _ = kestrel::sink::timings::take();
+    let (k_s, k_peak, report, k_cores) = ingest(&landing, &tmp.path().join("warehouse"));
+    // Where the full run's storage time went (operation: count, total).
+    let spent: Vec<String> = kestrel::sink::timings::take()
+        .into_iter()
+        .map(|(what, (n, took))| format!("{what} {n}× {:.0} ms", took.as_secs_f64() * 1e3))
+        .collect();
     println!(
-        "kestrel ingest        : {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {k_peak:.0} MiB  ({} batches of ≤64 MB, {} written, {} duplicates)",
+        "kestrel ingest        : {:>8.2} s {:>12.0} events/s {:>8.1} MB/s  peak RSS {k_peak:.0} MiB  {k_cores:.2} cores busy  ({} batches of ≤64 MB, {} written, {} duplicates)",
         k_s,
         events as f64 / k_s,
         mb / k_s,
@@ -174,6 +195,7 @@ fn main() {
         report.rows_written(),
         report.duplicates()
     );
+    println!("  storage operations of it: {}", spent.join(", "));
     println!(
         "kestrel ingest, half : {:>8.2} s {:>12.0} events/s                peak RSS {h_peak:.0} MiB  ({} batches)",
         h_s,

@@ -820,6 +820,7 @@ pub async fn write_kept(
             let (table, props, url) = (table.clone(), props.clone(), url.clone());
             let how = how.clone();
             tokio::spawn(async move {
+                let started = std::time::Instant::now();
                 let mut w = deltalake::writer::RecordBatchWriter::for_table(&table)
                     .map_err(|e| Error::delta(&url, e))?
                     .with_writer_properties(props);
@@ -850,9 +851,13 @@ pub async fn write_kept(
                         .map_err(|e| Error::delta(&url, e))?;
                     }
                 }
+                let flushing = std::time::Instant::now();
                 let adds = deltalake::writer::DeltaWriter::flush(&mut w)
                     .await
                     .map_err(|e| Error::delta(&url, e))?;
+                let name = super::timings::table_name(&url);
+                super::timings::record(format!("encode {name}: flush"), flushing.elapsed());
+                super::timings::record(format!("encode {name}: a writer"), started.elapsed());
                 let known = hashes.map_or_else(Vec::new, |h| h.files(&adds));
                 Ok::<_, Error>((adds, held, known))
             })
