@@ -5,6 +5,7 @@ pub mod decode;
 pub mod dedup;
 pub mod discover;
 mod flat;
+pub mod pool;
 pub mod read;
 pub mod validate;
 
