@@ -981,9 +981,9 @@ fn file_context(pf: &PlannedFile, n: i64, ingested_at: i64) -> FileContext {
 }
 
 /// [`decode_planned`] on the calling thread (a decoding thread, [`crate::source::pool`]):
-/// a file of a local landing directory read whole is opened and decoded right here
-/// ([`read::open_whole`]); any other (an object store's, or one read in ranges) takes
-/// the store's way, on `handle`.
+/// a file read whole is fetched through the landing store (its retries, and the faults
+/// tests inject there) on `handle`, then decoded right here; a file read in ranges
+/// takes [`decode_planned`]'s way.
 fn decode_planned_here(
     landing: &Location,
     pf: &PlannedFile,
@@ -993,15 +993,20 @@ fn decode_planned_here(
     handle: &tokio::runtime::Handle,
 ) -> Result<Option<Decoded>> {
     let f = &pf.file;
-    let dir = match &landing.local_dir {
-        Some(dir) if !read::streams(f.format, f.size) => dir,
-        _ => return handle.block_on(decode_planned(landing, pf, schema, n, ingested_at)),
-    };
     if pf.action != FileAction::Ingest {
         return Ok(None);
     }
+    if read::streams(f.format, f.size) {
+        return handle.block_on(decode_planned(landing, pf, schema, n, ingested_at));
+    }
     let display = landing.display(&f.path);
-    let decoded = match read::open_whole(&dir.join(&f.path), f.size, &display)? {
+    let fetched = handle.block_on(read::fetch_whole(
+        &landing.store,
+        &landing.path(&f.path),
+        f.size,
+        &display,
+    ))?;
+    let decoded = match fetched {
         Ok(whole) => whole.decode(
             f.size,
             &display,

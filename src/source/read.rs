@@ -228,31 +228,6 @@ pub async fn fetch_whole(
     }
 }
 
-/// [`fetch_whole`] of a file of a local landing directory, opened where it lies (`path`)
-/// on the calling thread: a store's `get` of a local file opens it on another thread of
-/// tokio's blocking pool, and each such hand-over between threads, at a file every 4 ms,
-/// left a core idle for as long as it took to wake one (see [`super::pool`]). The same
-/// answers as [`fetch_whole`]: gone or of another size than planned is
-/// `Ok(Err(reason))`.
-pub fn open_whole(
-    path: &std::path::Path,
-    size: u64,
-    display: &str,
-) -> Result<std::result::Result<Whole, String>> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(Err("file disappeared after it was planned".into()))
-        }
-        Err(e) => return Err(Error::io(display, e)),
-    };
-    let found = file.metadata().map_err(|e| Error::io(display, e))?.len();
-    if found != size {
-        return Ok(Err(changed_size(size, found)));
-    }
-    Ok(Ok(Whole::File(file)))
-}
-
 /// Why a file whose size is no longer the one planned is rejected.
 fn changed_size(planned: u64, found: u64) -> String {
     format!("file changed while being processed ({planned} bytes planned, {found} found)")
@@ -506,20 +481,6 @@ mod tests {
         let size = text(700).len() as u64;
         assert!(matches!(fetch("mid.ndjson", size + 5), Err(r) if r.contains("changed")));
         assert!(matches!(fetch("gone.ndjson", size), Err(r) if r.contains("disappeared")));
-        // Opened where it lies, without the store (`open_whole`): the same answers.
-        let open = |name: &str, size: u64| open_whole(&dir.path().join(name), size, name).unwrap();
-        let decode = |w: Whole| {
-            rows_of(
-                w.decode(size, "mid.ndjson", Format::Ndjson, &orders(), &ctx())
-                    .unwrap(),
-            )
-        };
-        let (opened, fetched) = (open("mid.ndjson", size), fetch("mid.ndjson", size));
-        assert!(matches!(opened, Ok(Whole::File(_))));
-        assert_eq!(decode(opened.unwrap()), decode(fetched.unwrap()));
-        for (name, size) in [("mid.ndjson", size + 5), ("gone.ndjson", size)] {
-            assert_eq!(open(name, size).err(), fetch(name, size).err(), "{name}");
-        }
         // Cut between the listing's size and the read: the read ends early.
         let whole = fetch("mid.ndjson", size).unwrap();
         std::fs::write(dir.path().join("mid.ndjson"), "{}\n").unwrap();
