@@ -922,9 +922,10 @@ impl Ingestor {
     /// plan order. `None` for files that are not read (changed files).
     ///
     /// One job per decoding thread ([`crate::source::pool`]), each taking the next file
-    /// not yet taken as soon as it is done with one, and reading a local file on its own
-    /// thread ([`decode_planned_here`]) — as arrow-json's reference decode in the
-    /// ingestion benchmark does.
+    /// not yet taken as soon as it is done with one, and fetching and decoding it on its
+    /// own thread ([`decode_planned_here`]) — as arrow-json's reference decode in the
+    /// ingestion benchmark does. After a failure the other jobs take no new file; every
+    /// job is awaited, and the first job's error (in job order) is returned.
     async fn decode_all(
         &self,
         plan: &Plan,
