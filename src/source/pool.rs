@@ -26,7 +26,7 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// The decoding threads' queue; `None` when none could be started.
 struct Pool {
-    jobs: Option<Mutex<mpsc::Sender<Job>>>,
+    jobs: Option<mpsc::Sender<Job>>,
 }
 
 /// Decoding threads: one per core.
@@ -62,7 +62,7 @@ fn pool() -> &'static Pool {
             }
         }
         Pool {
-            jobs: (started > 0).then(|| Mutex::new(tx)),
+            jobs: (started > 0).then_some(tx),
         }
     })
 }
@@ -92,11 +92,7 @@ pub async fn run<T: Send + 'static>(
         });
         let _ = tx.send(result);
     });
-    let sent = jobs
-        .lock()
-        .map_err(|_| Error::Poisoned("the decoding threads' queue"))?
-        .send(job);
-    if sent.is_err() {
+    if jobs.send(job).is_err() {
         return Err(Error::Panicked {
             what: what(),
             message: "the decoding threads are gone".into(),
