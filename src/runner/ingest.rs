@@ -983,8 +983,8 @@ fn file_context(pf: &PlannedFile, n: i64, ingested_at: i64) -> FileContext {
 
 /// [`decode_planned`] on the calling thread (a decoding thread, [`crate::source::pool`]):
 /// a file read whole is fetched through the landing store (its retries, and the faults
-/// tests inject there) on `handle`, then decoded right here; a file read in ranges
-/// takes [`decode_planned`]'s way.
+/// tests inject there) on `handle`, then decoded right here; a file read in ranges is
+/// read and decoded right here too ([`read::decode_in_ranges`]).
 fn decode_planned_here(
     landing: &Location,
     pf: &PlannedFile,
@@ -997,8 +997,10 @@ fn decode_planned_here(
     if pf.action != FileAction::Ingest {
         return Ok(None);
     }
+    let ctx = file_context(pf, n, ingested_at);
     if read::streams(f.format, f.size) {
-        return handle.block_on(decode_planned(landing, pf, schema, n, ingested_at));
+        let decoded = read::decode_in_ranges(landed(landing, f), f.format, schema, &ctx, handle)?;
+        return Ok(Some(decoded));
     }
     let display = landing.display(&f.path);
     let fetched = handle.block_on(read::fetch_whole(
@@ -1008,16 +1010,21 @@ fn decode_planned_here(
         &display,
     ))?;
     let decoded = match fetched {
-        Ok(whole) => whole.decode(
-            f.size,
-            &display,
-            f.format,
-            schema,
-            &file_context(pf, n, ingested_at),
-        )?,
+        Ok(whole) => whole.decode(f.size, &display, f.format, schema, &ctx)?,
         Err(reason) => Decoded::FileRejected { reason },
     };
     Ok(Some(decoded))
+}
+
+/// The landed object `f` of `landing`, to read in ranges ([`read::decode_in_ranges`]).
+fn landed(landing: &Location, f: &LandedFile) -> read::Landed {
+    read::Landed {
+        store: landing.store.clone(),
+        path: landing.path(&f.path),
+        size: f.size,
+        e_tag: f.e_tag.clone(),
+        display: landing.display(&f.path),
+    }
 }
 
 /// Read and decode one planned file for batch `n` (`None` for a file that is not read:
@@ -1039,13 +1046,7 @@ pub(crate) async fn decode_planned(
     let what = || format!("decoder for {}", f.path);
     let schema = schema.clone();
     let decoded = if read::streams(format, f.size) {
-        let landed = read::Landed {
-            store: landing.store.clone(),
-            path: landing.path(&f.path),
-            size: f.size,
-            e_tag: f.e_tag.clone(),
-            display: landing.display(&f.path),
-        };
+        let landed = landed(landing, f);
         let handle = tokio::runtime::Handle::current();
         on_blocking_thread(what, move || {
             read::decode_in_ranges(landed, format, &schema, &ctx, &handle)
