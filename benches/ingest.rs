@@ -46,11 +46,14 @@ fn generate(landing: &Path, events: usize) -> (Vec<PathBuf>, u64) {
             // 0.5% re-deliveries of the previous event id
             let id = if i % 200 == 199 { i - 1 } else { i };
             let ts_ms = (T0_US / 1000) - 3_600_000 + (i as i64 * 7) % 3_600_000;
+            // Random UUIDs, as producers send them (and as `--bench jobs` lands them): ids
+            // of a shared prefix made every comparison of two ids scan it.
             writeln!(
                 w,
-                r#"{{"event_id":"evt-{id:012}","event_ts":"{}","order_id":"ord-{:09}","sku":"SKU-{:04}","quantity":{},"amount_cents":{}}}"#,
+                r#"{{"event_id":"{}","event_ts":"{}","order_id":"ord-{}","sku":"SKU-{:04}","quantity":{},"amount_cents":{}}}"#,
+                uuid::Uuid::from_u128(mix(id as u64, 1)).hyphenated(),
                 chrono::DateTime::from_timestamp_millis(ts_ms).unwrap().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                id / 3,
+                uuid::Uuid::from_u128(mix(id as u64 / 3, 2)).simple(),
                 id % 997,
                 1 + id % 3,
                 199 * (1 + id % 3)
@@ -67,6 +70,19 @@ fn generate(landing: &Path, events: usize) -> (Vec<PathBuf>, u64) {
         f += 1;
     }
     (files, bytes)
+}
+
+/// 128 pseudo-random bits determined by `(n, salt)` (splitmix64 twice): the same event
+/// gets the same id in every run and at its re-delivery.
+fn mix(n: u64, salt: u64) -> u128 {
+    let step = |x: u64| {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let hi = step(n ^ salt.rotate_left(32));
+    (u128::from(hi) << 64) | u128::from(step(hi))
 }
 
 /// arrow-json decode of `files` on `threads` threads (each takes the next file).
