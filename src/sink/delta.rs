@@ -738,12 +738,16 @@ fn fits(table: &DeltaTable, batches: &[RecordBatch], partitions: &[String]) -> R
     }))
 }
 
-/// Rows a Parquet writer of [`write_files`] gets at least: below this a batch is
-/// encoded by one writer (one file per partition), so small batches add no files. One
-/// bronze row group of [`BRONZE_ROW_GROUP_ROWS`]: at 250,000 a 64 MB ingestion batch
-/// (≈ 450k orders) was encoded on one core while the other waited, 120–150 ms of its
-/// ≈ 250–290 ms; split in two it took 60–80 ms (`cargo bench --bench ingest`, release,
-/// two alternating pairs: ingestion of 2M orders 1.30, 1.29 s → 1.00, 1.11 s).
+/// Rows of a Parquet writer of [`write_files`]: a batch of at most this many is encoded
+/// by one writer (one file per partition), so small batches add no files; a larger one
+/// by one writer per this many rows begun, up to the writers asked for (each then gets
+/// more than half of it). One bronze row group of [`BRONZE_ROW_GROUP_ROWS`]: at
+/// 250,000 a 64 MB ingestion batch (≈ 450k orders) was encoded on one core while the
+/// other waited, 120–150 ms of its ≈ 250–290 ms; split in two it took 60–80 ms (`cargo
+/// bench --bench ingest`, release, two alternating pairs: ingestion of 2M orders 1.30,
+/// 1.29 s → 1.00, 1.11 s). Writers were first one per whole 128k rows: a backlog's last
+/// batch of 250k orders was then encoded on one core, 118 ms at one core busy where the
+/// batches before took 84–96 ms for 350k (opt-level 1).
 pub const ROWS_PER_WRITER: usize = BRONZE_ROW_GROUP_ROWS;
 
 /// Encode `batches` (of `table`'s schema) into new Parquet files of `table`, one file per
@@ -813,7 +817,7 @@ pub async fn write_kept(
     let url = table.table_url().to_string();
     let t = std::time::Instant::now();
     let rows: usize = parts.iter().map(|(b, _)| b.num_rows()).sum();
-    let writers = how.writers.clamp(1, (rows / ROWS_PER_WRITER).max(1));
+    let writers = how.writers.clamp(1, rows.div_ceil(ROWS_PER_WRITER).max(1));
     let tasks: Vec<_> = split_rows(parts, rows.div_ceil(writers).max(1))
         .into_iter()
         .map(|run| {
@@ -2113,7 +2117,8 @@ mod tests {
     }
 
     /// Two writers encode a batch of two partitions into four files, committed as one
-    /// append carrying the txn: every row once; a small batch gets one writer.
+    /// append carrying the txn: every row once, from a row group's rows and one more;
+    /// a row group's rows or fewer get one writer.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn files_of_parallel_writers_commit_as_one_append_of_every_row() {
         let dir = tempfile::tempdir().unwrap();
@@ -2122,7 +2127,7 @@ mod tests {
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Utf8, false),
         ]));
-        let n = 2 * ROWS_PER_WRITER as i64 + 10;
+        let n = ROWS_PER_WRITER as i64 + 10;
         let day = |k: i64| {
             if k % 3 == 0 {
                 "2026-01-01"
@@ -2153,7 +2158,9 @@ mod tests {
         };
         assert_eq!((col(0), col(1), col(2)), (n, n, n * (n - 1) / 2));
         assert_eq!(col(3), (0..n).filter(|k| k % 3 == 0).count() as i64);
-        let small = vec![keyed_days(&schema, 1..3, |_| Some("2026-01-01"))];
+        // One row group's rows or fewer: one writer.
+        let one = ROWS_PER_WRITER as i64;
+        let small = vec![keyed_days(&schema, 0..one, |_| Some("2026-01-01"))];
         assert_eq!(write_files(&table, small, props, 8).await.unwrap().len(), 1);
     }
 
