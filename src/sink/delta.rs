@@ -741,7 +741,7 @@ fn fits(table: &DeltaTable, batches: &[RecordBatch], partitions: &[String]) -> R
 /// Rows of a Parquet writer of [`write_files`]: a batch of at most this many is encoded
 /// by one writer (one file per partition), so small batches add no files; a larger one
 /// by one writer per this many rows begun, up to the writers asked for (each then gets
-/// more than half of it). One bronze row group of [`BRONZE_ROW_GROUP_ROWS`]: at
+/// more than half that many). One bronze row group of [`BRONZE_ROW_GROUP_ROWS`]: at
 /// 250,000 a 64 MB ingestion batch (≈ 450k orders) was encoded on one core while the
 /// other waited, 120–150 ms of its ≈ 250–290 ms; split in two it took 60–80 ms (`cargo
 /// bench --bench ingest`, release, two alternating pairs: ingestion of 2M orders 1.30,
