@@ -159,6 +159,17 @@ pub enum Error {
     Poisoned(&'static str),
 }
 
+/// The text of a panic's payload (`panic!` with a message gives a `&str` or `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 /// Whether a Delta error is a lost race with a concurrent commit (the commit can be
 /// planned again against the newer table), not a failure.
 pub fn is_delta_conflict(e: &deltalake::DeltaTableError) -> bool {

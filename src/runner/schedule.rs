@@ -152,17 +152,6 @@ pub struct Daemon {
     report: Box<dyn Fn(Event) + Send + Sync>,
 }
 
-/// The text of a panic's payload (`panic!` with a message gives a `&str` or `String`).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
-
 fn log_table(t: &maintain::TableReport) {
     info!(table = %t.table, files_before = t.files_before, files_after = t.files_after, "maintained");
 }
@@ -408,7 +397,7 @@ impl Daemon {
             .unwrap_or_else(|panic| {
                 Err(Error::Panicked {
                     what: name.clone(),
-                    message: panic_message(panic.as_ref()),
+                    message: crate::error::panic_message(panic.as_ref()),
                 })
             });
         let idle = {

@@ -83,13 +83,8 @@ pub async fn run<T: Send + 'static>(
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
-        let result = std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into())
-        });
+        let result = std::panic::catch_unwind(AssertUnwindSafe(work))
+            .map_err(|panic| crate::error::panic_message(panic.as_ref()));
         let _ = tx.send(result);
     });
     if jobs.send(job).is_err() {
