@@ -981,8 +981,9 @@ fn file_context(pf: &PlannedFile, n: i64, ingested_at: i64) -> FileContext {
     }
 }
 
-/// [`decode_planned`] on the calling thread (a decoding thread, [`crate::source::pool`]):
-/// a file read whole is fetched through the landing store (its retries, and the faults
+/// Read and decode one planned file for batch `n` on the calling thread (a decoding
+/// thread, [`crate::source::pool`], or the blocking pool's, [`decode_planned`]): a file
+/// read whole is fetched through the landing store (its retries, and the faults
 /// tests inject there) on `handle`, then decoded right here; a file read in ranges is
 /// read and decoded right here too ([`read::decode_in_ranges`]).
 fn decode_planned_here(
@@ -1028,8 +1029,8 @@ fn landed(landing: &Location, f: &LandedFile) -> read::Landed {
 }
 
 /// Read and decode one planned file for batch `n` (`None` for a file that is not read:
-/// a changed one). The same on the coordinator and on a cluster's executors
-/// ([`crate::engine::ingest`]).
+/// a changed one), on tokio's blocking pool: [`decode_planned_here`] for a cluster's
+/// executors ([`crate::engine::ingest`]), which decode as the coordinator does.
 pub(crate) async fn decode_planned(
     landing: &Location,
     pf: &PlannedFile,
@@ -1040,32 +1041,13 @@ pub(crate) async fn decode_planned(
     if pf.action != FileAction::Ingest {
         return Ok(None);
     }
-    let f = &pf.file;
-    let ctx = file_context(pf, n, ingested_at);
-    let format = f.format;
-    let what = || format!("decoder for {}", f.path);
-    let schema = schema.clone();
-    let decoded = if read::streams(format, f.size) {
-        let landed = landed(landing, f);
-        let handle = tokio::runtime::Handle::current();
-        on_blocking_thread(what, move || {
-            read::decode_in_ranges(landed, format, &schema, &ctx, &handle)
-        })
-        .await?
-    } else {
-        let display = landing.display(&f.path);
-        let size = f.size;
-        match read::fetch_whole(&landing.store, &landing.path(&f.path), size, &display).await? {
-            Ok(whole) => {
-                on_blocking_thread(what, move || {
-                    whole.decode(size, &display, format, &schema, &ctx)
-                })
-                .await?
-            }
-            Err(reason) => Decoded::FileRejected { reason },
-        }
-    };
-    Ok(Some(decoded))
+    let what = || format!("decoder for {}", pf.file.path);
+    let (landing, file, schema) = (landing.clone(), pf.clone(), schema.clone());
+    let handle = tokio::runtime::Handle::current();
+    pool::on_blocking_thread(what, move || {
+        decode_planned_here(&landing, &file, &schema, n, ingested_at, &handle)
+    })
+    .await
 }
 
 /// A batch's deduplicated rows: to write (the decoded batches and the rows of each
@@ -1073,19 +1055,6 @@ pub(crate) async fn decode_planned(
 enum Bronze {
     Kept(Vec<delta::Kept>),
     Written(Vec<deltalake::kernel::Add>),
-}
-
-/// Run CPU-bound work (decoding a file) on tokio's blocking pool.
-async fn on_blocking_thread<T: Send + 'static>(
-    what: impl FnOnce() -> String,
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|source| Error::Task {
-            what: what(),
-            source,
-        })?
 }
 
 fn progress(len: u64, label: &str) -> ProgressBar {

@@ -74,12 +74,7 @@ pub async fn run<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let Some(jobs) = &pool().jobs else {
-        return tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|source| Error::Task {
-                what: what(),
-                source,
-            })?;
+        return on_blocking_thread(what, work).await;
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job: Job = Box::new(move || {
@@ -104,6 +99,20 @@ pub async fn run<T: Send + 'static>(
             message: "its decoding thread dropped it".into(),
         }),
     }
+}
+
+/// Run CPU-bound work (decoding a file) on tokio's blocking pool; `what` names it in
+/// the error when it panics.
+pub async fn on_blocking_thread<T: Send + 'static>(
+    what: impl FnOnce() -> String,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|source| Error::Task {
+            what: what(),
+            source,
+        })?
 }
 
 #[cfg(test)]
