@@ -73,37 +73,59 @@ impl Cell<'_> {
 
 /// Parse an RFC 3339 timestamp with an offset; returns microseconds since the epoch (UTC).
 pub fn parse_rfc3339_us(s: &str) -> Option<i64> {
-    fast_rfc3339_us(s.as_bytes()).or_else(|| {
+    parse_rfc3339_us_with(s, &mut LastDay::default())
+}
+
+/// [`parse_rfc3339_us`] remembering the last date it read in `day`.
+fn parse_rfc3339_us_with(s: &str, day: &mut LastDay) -> Option<i64> {
+    fast_rfc3339_us(s.as_bytes(), day).or_else(|| {
         DateTime::parse_from_rfc3339(s)
             .ok()
             .map(|d| d.with_timezone(&Utc).timestamp_micros())
     })
 }
 
-/// Fast path for the common shape `YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|±HH:MM)`; None for
-/// anything else (which then goes through chrono's full RFC 3339 parser).
-fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
-    fn num(b: &[u8]) -> Option<i64> {
-        let mut v = 0i64;
-        for &c in b {
-            if !c.is_ascii_digit() {
-                return None;
+/// The last `YYYY-MM-DD` the fast path read, with its day number: a file's events are
+/// mostly of one or two dates, so checking and converting the date once and then
+/// comparing its ten bytes (≈ 2 ns) spares most lines that part of the parse.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LastDay(Option<([u8; 10], i64)>);
+
+impl LastDay {
+    /// Days since 1970-01-01 of the valid date `date` (`YYYY-MM-DD`), None when it is
+    /// not one.
+    fn days(&mut self, date: &[u8]) -> Option<i64> {
+        let date: [u8; 10] = date.try_into().ok()?;
+        if let Some((last, days)) = self.0 {
+            if last == date {
+                return Some(days);
             }
-            v = v * 10 + i64::from(c - b'0');
         }
-        Some(v)
+        let days = civil_days(&date)?;
+        self.0 = Some((date, days));
+        Some(days)
     }
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || b[10] != b'T'
-        || b[13] != b':'
-        || b[16] != b':'
-    {
+}
+
+/// The value of ASCII digits, None if any byte is not one.
+fn digits(b: &[u8]) -> Option<i64> {
+    let mut v = 0i64;
+    for &c in b {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + i64::from(c - b'0');
+    }
+    Some(v)
+}
+
+/// Days since 1970-01-01 of `YYYY-MM-DD` (proleptic Gregorian), None when the bytes are
+/// not a valid date of that shape.
+fn civil_days(b: &[u8; 10]) -> Option<i64> {
+    if b[4] != b'-' || b[7] != b'-' {
         return None;
     }
-    let (y, mo, d) = (num(&b[0..4])?, num(&b[5..7])?, num(&b[8..10])?);
-    let (h, mi, sec) = (num(&b[11..13])?, num(&b[14..16])?, num(&b[17..19])?);
+    let (y, mo, d) = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let mdays = [
         31,
@@ -119,13 +141,32 @@ fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
         30,
         31,
     ];
-    if !(1..=12).contains(&mo)
-        || d < 1
-        || d > mdays[(mo - 1) as usize]
-        || h > 23
-        || mi > 59
-        || sec > 59
-    {
+    if !(1..=12).contains(&mo) || d < 1 || d > mdays[(mo - 1) as usize] {
+        return None;
+    }
+    // days from civil (proleptic Gregorian), Howard Hinnant's algorithm
+    let yy = if mo <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some(era * 146_097 + doe - 719_468)
+}
+
+/// Fast path for the common shape `YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|±HH:MM)`; None for
+/// anything else (which then goes through chrono's full RFC 3339 parser).
+fn fast_rfc3339_us(b: &[u8], day: &mut LastDay) -> Option<i64> {
+    if b.len() < 20 || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let days = day.days(&b[..10])?;
+    let (h, mi, sec) = (
+        digits(&b[11..13])?,
+        digits(&b[14..16])?,
+        digits(&b[17..19])?,
+    );
+    if h > 23 || mi > 59 || sec > 59 {
         return None;
     }
     let mut i = 19;
@@ -136,15 +177,15 @@ fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
         while i < b.len() && b[i].is_ascii_digit() {
             i += 1;
         }
-        let digits = &b[start..i];
-        if digits.is_empty() || digits.len() > 9 {
+        let frac = &b[start..i];
+        if frac.is_empty() || frac.len() > 9 {
             return None;
         }
-        let mut v = num(digits)?;
-        for _ in digits.len()..6 {
+        let mut v = digits(frac)?;
+        for _ in frac.len()..6 {
             v *= 10;
         }
-        for _ in 6..digits.len() {
+        for _ in 6..frac.len() {
             v /= 10;
         }
         frac_us = v;
@@ -152,8 +193,8 @@ fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
     let offset_s = match &b[i..] {
         [b'Z'] => 0,
         [sign @ (b'+' | b'-'), oh1, oh2, b':', om1, om2] => {
-            let oh = num(&[*oh1, *oh2])?;
-            let om = num(&[*om1, *om2])?;
+            let oh = digits(&[*oh1, *oh2])?;
+            let om = digits(&[*om1, *om2])?;
             if oh > 23 || om > 59 {
                 return None;
             }
@@ -166,14 +207,6 @@ fn fast_rfc3339_us(b: &[u8]) -> Option<i64> {
         }
         _ => return None,
     };
-    // days from civil (proleptic Gregorian), Howard Hinnant's algorithm
-    let yy = if mo <= 2 { y - 1 } else { y };
-    let era = yy.div_euclid(400);
-    let yoe = yy - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
     Some(secs * 1_000_000 + frac_us)
 }
@@ -204,6 +237,8 @@ pub struct RowAssembler {
     rows: usize,
     reasons: Vec<String>,
     values_us: Vec<Option<i64>>,
+    /// The date the last timestamp string was of.
+    last_day: LastDay,
     /// Rows and bytes the file is expected to hold ([`RowAssembler::size_for`]); 0 rows
     /// when unknown.
     expected: usize,
@@ -237,6 +272,7 @@ impl RowAssembler {
             rows: 0,
             reasons: Vec::new(),
             values_us: vec![None; n],
+            last_day: LastDay::default(),
             expected: 0,
             expected_bytes: 0,
         }
@@ -315,7 +351,12 @@ impl RowAssembler {
         self.reasons.clear();
         // First pass: check everything, remembering parsed timestamps.
         // Disjoint field borrows: no per-row Arc clone on this hot path.
-        let (schema, reasons, values_us) = (&self.schema, &mut self.reasons, &mut self.values_us);
+        let (schema, reasons, values_us, last_day) = (
+            &self.schema,
+            &mut self.reasons,
+            &mut self.values_us,
+            &mut self.last_day,
+        );
         for (i, f) in schema.fields.iter().enumerate() {
             let cell = cells.get(i).unwrap_or(&Cell::Missing);
             values_us[i] = None;
@@ -346,7 +387,7 @@ impl RowAssembler {
                     }
                 }
                 (FieldType::Int64, Cell::Int(_)) => {}
-                (FieldType::Timestamp, Cell::Str(s)) => match parse_rfc3339_us(s) {
+                (FieldType::Timestamp, Cell::Str(s)) => match parse_rfc3339_us_with(s, last_day) {
                     Some(us) => values_us[i] = check_ts(&f.name, us, landed_at_us, reasons),
                     None => reasons.push(format!(
                         "field `{}`: {:?} is not an RFC 3339 timestamp with an offset",
@@ -547,6 +588,17 @@ mod tests {
 
     #[test]
     fn fast_timestamp_path_agrees_with_chrono() {
+        // One remembered date across every parse, as a file's rows share it; and each
+        // string parsed with none remembered too.
+        let mut day = LastDay::default();
+        let mut fast = |s: &str| {
+            let remembered = fast_rfc3339_us(s.as_bytes(), &mut day);
+            assert_eq!(
+                remembered,
+                fast_rfc3339_us(s.as_bytes(), &mut LastDay::default())
+            );
+            remembered
+        };
         let chrono_us = |s: &str| {
             DateTime::parse_from_rfc3339(s)
                 .ok()
@@ -561,7 +613,7 @@ mod tests {
             "1969-12-31T23:59:59.5Z",
             "2100-03-01T00:00:00+14:00",
         ] {
-            assert_eq!(fast_rfc3339_us(s.as_bytes()), chrono_us(s), "{s}");
+            assert_eq!(fast(s), chrono_us(s), "{s}");
         }
         for s in [
             "2025-02-29T00:00:00Z",
@@ -570,7 +622,7 @@ mod tests {
             "2025-11-24 15:59:00Z",
             "2025-11-24T15:59:00.Z",
         ] {
-            assert_eq!(fast_rfc3339_us(s.as_bytes()), None, "{s}");
+            assert_eq!(fast(s), None, "{s}");
         }
         // shapes outside the fast path still parse through chrono
         assert_eq!(
@@ -581,7 +633,7 @@ mod tests {
         for _ in 0..2000 {
             us += 7_777_777_777_777 % 9_999_999_999;
             let s = fmt_us(us);
-            assert_eq!(fast_rfc3339_us(s.as_bytes()), Some(us), "{s}");
+            assert_eq!(fast(&s), Some(us), "{s}");
         }
     }
 
