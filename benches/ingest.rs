@@ -4,6 +4,8 @@
 //! then measures side by side in one run:
 //! - raw decode: arrow-json decoding the same files into RecordBatches (the ceiling), on
 //!   one thread and on as many threads as kestrel's decode uses (one per core);
+//! - kestrel's strict decode alone (no dedup or storage) against arrow-json's, one
+//!   thread each, alternating rounds;
 //! - kestrel ingestion: discovery, plan, strict decode + validation, dedup, bronze
 //!   Delta commit, quarantine, ledger and run log.
 //!
@@ -110,6 +112,35 @@ fn raw_decode(files: &[PathBuf], threads: usize) -> usize {
     rows.into_inner()
 }
 
+/// kestrel's strict decode of `files` on this thread, each read whole and decoded into
+/// bronze-shaped rows as ingestion does (validation included); returns the rows.
+fn strict_decode(files: &[PathBuf]) -> usize {
+    use kestrel::source::decode::{decode_file, Decoded};
+    use kestrel::source::discover::Format;
+    use kestrel::source::validate::FileContext;
+    let schemas = kestrel::schema::load_all(Path::new("/none")).unwrap();
+    let schema = &schemas["orders"];
+    let mut rows = 0;
+    for (i, f) in files.iter().enumerate() {
+        let ctx = FileContext {
+            source_file: f.display().to_string(),
+            partition: "0".into(),
+            landed_at_us: T0_US + i as i64 * 1_000_000,
+            batch_id: 1,
+            ingested_at_us: T0_US + 3_600_000_000,
+        };
+        let bytes = bytes::Bytes::from(std::fs::read(f).unwrap());
+        match decode_file(bytes, Format::Ndjson, schema, &ctx).unwrap() {
+            Decoded::Rows { batch, rejects, .. } => {
+                assert!(rejects.is_empty(), "{rejects:?}");
+                rows += batch.map_or(0, |b| b.num_rows());
+            }
+            Decoded::FileRejected { reason } => panic!("{reason}"),
+        }
+    }
+    rows
+}
+
 /// CPU time of this process, in microseconds.
 fn cpu_us() -> i64 {
     kestrel::time::clock::cpu_us()
@@ -162,6 +193,28 @@ fn main() {
         raw.push(raw_s);
     }
     let (raw_1, raw_s) = (raw[0], raw[1]);
+
+    // The strict decode alone (kestrel's per-file decode and validation into bronze-shaped
+    // rows, no dedup or storage) against arrow-json's, both on one thread, alternating
+    // rounds: the decode's share of the ingestion ceiling, less sensitive to this
+    // machine's noise than the whole path.
+    let (mut strict, mut arrow_1) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(strict_decode(&files), events);
+        strict.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        assert_eq!(raw_decode(&files, 1), events);
+        arrow_1.push(t.elapsed().as_secs_f64());
+    }
+    strict.sort_by(f64::total_cmp);
+    arrow_1.sort_by(f64::total_cmp);
+    println!(
+        "strict decode alone, 1 thread: {:.2} s against arrow-json's {:.2} s (medians of 3 alternating): kestrel ÷ arrow-json time {:.2}",
+        strict[1],
+        arrow_1[1],
+        strict[1] / arrow_1[1]
+    );
 
     // kestrel ingestion, memory bounded by a 64 MB batch: once on the whole landing
     // zone, once on a copy of its first half (peak memory should not follow the size).
