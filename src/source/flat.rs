@@ -335,7 +335,7 @@ mod tests {
                 for b in 0..=255u8 {
                     let mut word = [filler; 8];
                     word[pos] = b;
-                    let want = b == b'"' || b == b'\\' || b < 0x20;
+                    let want = ends_string(b);
                     let bits = special_bits(u64::from_le_bytes(word));
                     assert_eq!(bits != 0, want, "{word:?}");
                     if want {
