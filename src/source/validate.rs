@@ -89,7 +89,7 @@ fn parse_rfc3339_us_with(s: &str, day: &mut LastDay) -> Option<i64> {
 /// mostly of one or two dates, so checking and converting the date once and then
 /// comparing its ten bytes (≈ 2 ns) spares most lines that part of the parse.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct LastDay(Option<([u8; 10], i64)>);
+pub(crate) struct LastDay(Option<([u8; 10], i64)>);
 
 impl LastDay {
     /// Days since 1970-01-01 of the valid date `date` (`YYYY-MM-DD`), None when it is
