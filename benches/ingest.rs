@@ -12,9 +12,11 @@
 //! It prints events/s, MB/s, peak memory and the cores busy on average (CPU time ÷
 //! wall time) of each phase, and their ratio; for kestrel, also where the full run's
 //! storage time went (`sink::timings`: encoding — in total and summed over each Parquet
-//! writer — commits, the dedup probe). Then it
-//! measures discovery cost against landing-zone size: listing one new file after the
-//! cursor vs a full listing, with 1k and 20k files already landed.
+//! writer — commits, the dedup probe). Then it encodes 1.4M of the bronze rows again,
+//! on one writer with bronze's settings and without each of its optional Parquet
+//! features (bloom filters, statistics, Snappy, all three), and on one writer against
+//! one per core; and it measures discovery cost against landing-zone size: listing one
+//! new file after the cursor vs a full listing, with 1k and 20k files already landed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -320,7 +322,11 @@ fn main() {
             .collect();
         let n: usize = rows.iter().map(|b| b.num_rows()).sum();
         let names: Vec<String> = fields.fields().iter().map(|f| f.name().clone()).collect();
-        let props = delta::bronze_writer_properties(names.iter().map(String::as_str));
+        // As ingestion writes them: `event_id` and `order_id` compressed only when a
+        // sample shows it pays (random UUIDs: not).
+        let parts: Vec<delta::Kept> = rows.iter().map(|b| (b.clone(), None)).collect();
+        let props = delta::bronze_writer_properties_for(names.iter().map(String::as_str), &parts);
+        encoding_options(&bronze, &rows, &names, &props).await;
         let (mut one, mut many) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             for (writers, out) in [(1, &mut one), (threads, &mut many)] {
@@ -396,6 +402,76 @@ fn main() {
             inc * 1e3,
             full * 1e3,
             full / inc
+        );
+    }
+}
+
+/// What bronze's optional Parquet features cost: the same rows encoded by one writer
+/// with bronze's settings, then without bloom filters, without statistics, without
+/// Snappy, and without all three (dictionaries as bronze has them, so no column's
+/// bytes grow by more than its compression), three alternating rounds. It bounds what
+/// tuning the writer's settings can give the ingestion (README, "What Parquet's options
+/// cost").
+async fn encoding_options(
+    bronze: &deltalake::DeltaTable,
+    rows: &[arrow::array::RecordBatch],
+    names: &[String],
+    props: &deltalake::parquet::file::properties::WriterProperties,
+) {
+    use deltalake::parquet::basic::Compression;
+    use deltalake::parquet::file::properties::EnabledStatistics;
+    use deltalake::parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+    use deltalake::parquet::schema::types::ColumnPath;
+    use kestrel::sink::delta;
+    // `props` with `f` applied to every column.
+    let each =
+        |p: &WriterProperties,
+         f: fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder| {
+            let mut b = p.clone().into_builder();
+            for c in names {
+                b = f(b, ColumnPath::from(c.as_str()));
+            }
+            b.build()
+        };
+    let no_bloom: fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder =
+        |b, c| b.set_column_bloom_filter_enabled(c, false);
+    let no_stats: fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder =
+        |b, c| b.set_column_statistics_enabled(c, EnabledStatistics::None);
+    let no_snappy: fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder =
+        |b, c| b.set_column_compression(c, Compression::UNCOMPRESSED);
+    let lean = each(&each(&each(props, no_bloom), no_stats), no_snappy);
+    let variants = [
+        ("bronze's settings", props.clone()),
+        ("no bloom filters", each(props, no_bloom)),
+        ("no statistics", each(props, no_stats)),
+        ("no Snappy", each(props, no_snappy)),
+        ("none of the three", lean),
+    ];
+    let mut took: Vec<Vec<(f64, f64, i64)>> = vec![Vec::new(); variants.len()];
+    for _ in 0..3 {
+        for (i, (_, p)) in variants.iter().enumerate() {
+            let (c0, t) = (cpu_us(), Instant::now());
+            let adds = delta::write_files(bronze, rows.to_vec(), p.clone(), 1)
+                .await
+                .unwrap();
+            let cpu = (cpu_us() - c0) as f64 / 1e6;
+            let bytes = adds.iter().map(|a| a.size).sum();
+            took[i].push((t.elapsed().as_secs_f64(), cpu, bytes));
+        }
+    }
+    let n: usize = rows.iter().map(|b| b.num_rows()).sum();
+    let base = {
+        let mut r = took[0].clone();
+        r.sort_by(|a, b| a.1.total_cmp(&b.1));
+        r[1].1
+    };
+    for ((what, _), mut r) in variants.iter().zip(took) {
+        r.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (wall, cpu, bytes) = r[1];
+        println!(
+            "bronze encoding of {n} rows, 1 writer, {what:<17}: {wall:.2} s, CPU {cpu:.2} s ({:.2} of bronze's), {:.0} MB (the round of median CPU of 3)",
+            cpu / base,
+            bytes as f64 / 1e6
         );
     }
 }
