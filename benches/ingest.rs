@@ -459,15 +459,17 @@ async fn encoding_options(
             took[i].push((t.elapsed().as_secs_f64(), cpu, bytes));
         }
     }
+    // Each variant's round of median CPU; the first is bronze's settings.
+    let medians: Vec<(f64, f64, i64)> = took
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by(|a, b| a.1.total_cmp(&b.1));
+            r[1]
+        })
+        .collect();
+    let base = medians[0].1;
     let n: usize = rows.iter().map(|b| b.num_rows()).sum();
-    let base = {
-        let mut r = took[0].clone();
-        r.sort_by(|a, b| a.1.total_cmp(&b.1));
-        r[1].1
-    };
-    for ((what, _), mut r) in variants.iter().zip(took) {
-        r.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let (wall, cpu, bytes) = r[1];
+    for ((what, _), (wall, cpu, bytes)) in variants.iter().zip(medians) {
         println!(
             "bronze encoding of {n} rows, 1 writer, {what:<17}: {wall:.2} s, CPU {cpu:.2} s ({:.2} of bronze's), {:.0} MB (the round of median CPU of 3)",
             cpu / base,
